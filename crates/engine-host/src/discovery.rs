@@ -1,0 +1,138 @@
+//! Finds plugins under `engines/<engine_id>/<gpu_backend>/manifest.json` and loads the folder
+//! that matches this node's GPU (`cpu` only where the node allows CPU). A refused plugin never
+//! stops the node: it is reported with its reason and logged as an error.
+
+use crate::manifest::{GpuBackend, Manifest, ManifestError};
+use crate::plugin::Plugin;
+use crate::registry::EngineRegistry;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug)]
+pub struct DiscoveryOptions {
+    /// The node's GPU backend; `None` when it has no GPU.
+    pub gpu: Option<GpuBackend>,
+    /// Load `cpu` folders (the specs' not-recommended fallback).
+    pub allow_cpu: bool,
+}
+
+#[derive(Debug)]
+pub enum PluginState {
+    Loaded(Arc<Plugin>),
+    /// Invalid or rejected; the message says why.
+    Refused(String),
+    /// Valid or not, not for this node (another backend, or CPU not allowed).
+    Skipped(String),
+}
+
+/// One plugin folder found on disk.
+#[derive(Debug)]
+pub struct FoundPlugin {
+    pub dir: PathBuf,
+    pub manifest: Option<Manifest>,
+    pub state: PluginState,
+}
+
+impl FoundPlugin {
+    /// The engine id as the folder names it.
+    pub fn folder_id(&self) -> String {
+        self.dir
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+    pub fn folder_backend(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+fn sorted_subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Which backend folder of one engine this node loads, in order of preference.
+fn wanted_backend(options: &DiscoveryOptions, available: &[String]) -> Option<String> {
+    let has = |b: GpuBackend| available.iter().any(|a| a == b.as_str());
+    match options.gpu {
+        Some(gpu) if has(gpu) => Some(gpu.as_str().into()),
+        _ if options.allow_cpu && has(GpuBackend::Cpu) => Some("cpu".into()),
+        _ => None,
+    }
+}
+
+/// Scans `root`, registers every plugin it loads into `registry`, and reports every folder.
+pub fn discover(
+    root: &Path,
+    options: &DiscoveryOptions,
+    registry: &mut EngineRegistry,
+) -> Vec<FoundPlugin> {
+    let mut found = Vec::new();
+    for engine_dir in sorted_subdirs(root) {
+        let backend_dirs: Vec<PathBuf> = sorted_subdirs(&engine_dir)
+            .into_iter()
+            .filter(|d| d.join("manifest.json").is_file())
+            .collect();
+        let names: Vec<String> = backend_dirs
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        let wanted = wanted_backend(options, &names);
+        for dir in backend_dirs {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let manifest = Manifest::load(&dir, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
+            let state = match (&manifest, wanted.as_deref() == Some(name.as_str())) {
+                (Err(e), _) => PluginState::Refused(e.to_string()),
+                (Ok(_), false) => PluginState::Skipped(skip_reason(options, &name)),
+                (Ok(m), true) => match load_one(&dir, m.clone(), registry) {
+                    Ok(p) => PluginState::Loaded(p),
+                    Err(e) => PluginState::Refused(e.to_string()),
+                },
+            };
+            if let PluginState::Refused(reason) = &state {
+                tracing::error!(plugin = %dir.display(), "engine plugin refused: {reason}");
+            }
+            found.push(FoundPlugin {
+                dir,
+                manifest: manifest.ok(),
+                state,
+            });
+        }
+    }
+    found
+}
+
+fn skip_reason(options: &DiscoveryOptions, folder: &str) -> String {
+    match (options.gpu, folder) {
+        (_, "cpu") if !options.allow_cpu => "CPU plugins are not allowed on this node".into(),
+        (Some(gpu), _) => format!("built for {folder}, this node uses {gpu}"),
+        (None, _) => format!("built for {folder}, this node has no GPU"),
+    }
+}
+
+/// Opens one plugin folder and registers it (refusing a second plugin with the same id).
+pub fn load_one(
+    dir: &Path,
+    manifest: Manifest,
+    registry: &mut EngineRegistry,
+) -> Result<Arc<Plugin>, ManifestError> {
+    registry.check_id_free(&manifest)?;
+    let plugin = Plugin::open(dir, manifest)?;
+    registry.register(plugin.clone())?;
+    tracing::info!(engine = plugin.id(), version = %plugin.manifest.version, dir = %dir.display(), "engine plugin loaded");
+    Ok(plugin)
+}

@@ -1,0 +1,1 @@
+../../../crates/engine-abi/include/llmr_engine.h
