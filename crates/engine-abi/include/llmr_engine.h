@@ -249,7 +249,9 @@ typedef struct llmr_token {
     uint32_t struct_size;
     int32_t token_id;
     llmr_str text;               /* decoded UTF-8 text this token completes; may be empty while a
-                                    multi-byte character or a possible stop sequence is pending */
+                                    multi-byte character or a possible stop sequence is pending.
+                                    Held-back text is released by a later token, at the latest by
+                                    the last one, so the texts concatenate to the full output. */
     float logprob;               /* log-probability of the chosen token (0 without LOGPROBS) */
     uint32_t top_count;
     const llmr_top_logprob *top; /* top_count alternatives, most likely first; NULL when 0 */

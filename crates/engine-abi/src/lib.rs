@@ -77,11 +77,9 @@ pub struct llmr_engine {
     _private: [u8; 0],
 }
 
-pub type llmr_write_fn =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, data: *const c_char, len: usize)>;
-pub type llmr_log_fn = Option<
-    unsafe extern "C" fn(user_data: *mut c_void, level: u32, message: *const c_char, len: usize),
->;
+pub type llmr_write_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, data: *const c_char, len: usize)>;
+pub type llmr_log_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, level: u32, message: *const c_char, len: usize)>;
 
 #[repr(C)]
 #[derive(Debug)]
@@ -168,8 +166,7 @@ pub struct llmr_token {
     pub timestamp_ns: u64,
 }
 
-pub type llmr_token_fn =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, token: *const llmr_token) -> bool>;
+pub type llmr_token_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, token: *const llmr_token) -> bool>;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -194,14 +191,8 @@ pub struct llmr_embed_request {
     pub input_count: usize,
 }
 
-pub type llmr_embedding_fn = Option<
-    unsafe extern "C" fn(
-        user_data: *mut c_void,
-        index: usize,
-        values: *const f32,
-        dim: usize,
-    ) -> bool,
->;
+pub type llmr_embedding_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, index: usize, values: *const f32, dim: usize) -> bool>;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -232,8 +223,7 @@ pub struct llmr_segment {
     pub text: llmr_str,
 }
 
-pub type llmr_segment_fn =
-    Option<unsafe extern "C" fn(user_data: *mut c_void, segment: *const llmr_segment) -> bool>;
+pub type llmr_segment_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, segment: *const llmr_segment) -> bool>;
 
 #[repr(C)]
 pub struct llmr_synthesize_request {
@@ -247,12 +237,7 @@ pub struct llmr_synthesize_request {
 }
 
 pub type llmr_audio_fn = Option<
-    unsafe extern "C" fn(
-        user_data: *mut c_void,
-        samples: *const f32,
-        sample_count: usize,
-        sample_rate: u32,
-    ) -> bool,
+    unsafe extern "C" fn(user_data: *mut c_void, samples: *const f32, sample_count: usize, sample_rate: u32) -> bool,
 >;
 
 #[repr(C)]
@@ -284,10 +269,8 @@ pub type llmr_image_fn = Option<
 
 // Function pointer types of the exports (the `*_fn` typedefs of the header).
 pub type llmr_engine_get_info_fn = unsafe extern "C" fn() -> *const llmr_engine_info;
-pub type llmr_engine_create_fn = unsafe extern "C" fn(
-    config: *const llmr_engine_config,
-    out: *mut *mut llmr_engine,
-) -> llmr_status;
+pub type llmr_engine_create_fn =
+    unsafe extern "C" fn(config: *const llmr_engine_config, out: *mut *mut llmr_engine) -> llmr_status;
 pub type llmr_engine_destroy_fn = unsafe extern "C" fn(engine: *mut llmr_engine) -> llmr_status;
 pub type llmr_engine_load_model_fn =
     unsafe extern "C" fn(engine: *mut llmr_engine, desc: *const llmr_model_desc) -> llmr_status;
@@ -340,21 +323,16 @@ pub type llmr_engine_generate_image_fn = unsafe extern "C" fn(
     on_image: llmr_image_fn,
     user_data: *mut c_void,
 ) -> llmr_status;
-pub type llmr_engine_cancel_fn =
-    unsafe extern "C" fn(engine: *mut llmr_engine, request_id: u64) -> llmr_status;
-pub type llmr_engine_get_metrics_fn = unsafe extern "C" fn(
-    engine: *mut llmr_engine,
-    write: llmr_write_fn,
-    user_data: *mut c_void,
-) -> llmr_status;
+pub type llmr_engine_cancel_fn = unsafe extern "C" fn(engine: *mut llmr_engine, request_id: u64) -> llmr_status;
+pub type llmr_engine_get_metrics_fn =
+    unsafe extern "C" fn(engine: *mut llmr_engine, write: llmr_write_fn, user_data: *mut c_void) -> llmr_status;
 pub type llmr_engine_set_config_fn = unsafe extern "C" fn(
     engine: *mut llmr_engine,
     model_id: *const c_char,
     key: *const c_char,
     value_json: *const c_char,
 ) -> llmr_status;
-pub type llmr_engine_last_error_fn =
-    unsafe extern "C" fn(engine: *const llmr_engine) -> *const c_char;
+pub type llmr_engine_last_error_fn = unsafe extern "C" fn(engine: *const llmr_engine) -> *const c_char;
 
 /// Names of the exported symbols, NUL-terminated for dlsym. Every ABI 1.0 plugin exports all.
 pub mod symbols {

@@ -33,17 +33,7 @@ macro_rules! constants {
 fn rows() -> Vec<Row> {
     let mut r: Vec<Row> = Vec::new();
     layout!(r, llmr_str { ptr, len });
-    layout!(
-        r,
-        llmr_engine_info {
-            struct_size,
-            abi_major,
-            abi_minor,
-            capabilities,
-            engine_id,
-            version
-        }
-    );
+    layout!(r, llmr_engine_info { struct_size, abi_major, abi_minor, capabilities, engine_id, version });
     layout!(
         r,
         llmr_engine_config {
@@ -100,26 +90,8 @@ fn rows() -> Vec<Row> {
             top_logprobs,
         }
     );
-    layout!(
-        r,
-        llmr_top_logprob {
-            token_id,
-            logprob,
-            text
-        }
-    );
-    layout!(
-        r,
-        llmr_token {
-            struct_size,
-            token_id,
-            text,
-            logprob,
-            top_count,
-            top,
-            timestamp_ns
-        }
-    );
+    layout!(r, llmr_top_logprob { token_id, logprob, text });
+    layout!(r, llmr_token { struct_size, token_id, text, logprob, top_count, top, timestamp_ns });
     layout!(
         r,
         llmr_infer_result {
@@ -133,24 +105,8 @@ fn rows() -> Vec<Row> {
             generation_ns,
         }
     );
-    layout!(
-        r,
-        llmr_embed_request {
-            struct_size,
-            flags,
-            request_id,
-            model_id,
-            inputs,
-            input_count
-        }
-    );
-    layout!(
-        r,
-        llmr_embed_result {
-            struct_size,
-            prompt_tokens
-        }
-    );
+    layout!(r, llmr_embed_request { struct_size, flags, request_id, model_id, inputs, input_count });
+    layout!(r, llmr_embed_result { struct_size, prompt_tokens });
     layout!(
         r,
         llmr_transcribe_request {
@@ -165,28 +121,8 @@ fn rows() -> Vec<Row> {
             temperature,
         }
     );
-    layout!(
-        r,
-        llmr_segment {
-            struct_size,
-            reserved,
-            start_ms,
-            end_ms,
-            text
-        }
-    );
-    layout!(
-        r,
-        llmr_synthesize_request {
-            struct_size,
-            reserved,
-            request_id,
-            model_id,
-            text,
-            voice,
-            speed
-        }
-    );
+    layout!(r, llmr_segment { struct_size, reserved, start_ms, end_ms, text });
+    layout!(r, llmr_synthesize_request { struct_size, reserved, request_id, model_id, text, voice, speed });
     layout!(
         r,
         llmr_image_request {
@@ -281,14 +217,7 @@ fn compile_c(source: &std::path::Path, extra: &[&std::ffi::OsStr]) {
     let include = std::path::Path::new(HEADER_PATH).parent().unwrap();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
-        .args([
-            "-std=c11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-unused-function",
-            "-I",
-        ])
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function", "-I"])
         .arg(include)
         .arg(source)
         .args(extra)
@@ -306,11 +235,7 @@ fn compile_c(source: &std::path::Path, extra: &[&std::ffi::OsStr]) {
 fn header_prototypes_match_their_typedefs() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("typedefs.c");
-    std::fs::write(
-        &src,
-        format!("#include \"llmr_engine.h\"\n{EXPORT_TYPEDEF_CHECK}"),
-    )
-    .unwrap();
+    std::fs::write(&src, format!("#include \"llmr_engine.h\"\n{EXPORT_TYPEDEF_CHECK}")).unwrap();
     compile_c(&src, &["-fsyntax-only".as_ref()]);
 }
 
@@ -318,13 +243,10 @@ fn header_prototypes_match_their_typedefs() {
 fn header_and_rust_mirror_agree() {
     let rows = rows();
     let dir = tempfile::tempdir().unwrap();
-    let mut c =
-        String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"llmr_engine.h\"\n");
+    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include \"llmr_engine.h\"\n");
     c.push_str("int main(void) {\n");
     for (expr, _) in &rows {
-        c.push_str(&format!(
-            "    printf(\"%llu\\n\", (unsigned long long)({expr}));\n"
-        ));
+        c.push_str(&format!("    printf(\"%llu\\n\", (unsigned long long)({expr}));\n"));
     }
     c.push_str("    return 0;\n}\n");
     let src = dir.path().join("layout.c");
@@ -341,11 +263,7 @@ fn header_and_rust_mirror_agree() {
         .filter(|((_, rust), c)| rust != *c)
         .map(|((expr, rust), c)| format!("{expr}: C says {c}, Rust says {rust}"))
         .collect();
-    assert!(
-        mismatches.is_empty(),
-        "header and Rust mirror disagree:\n{}",
-        mismatches.join("\n")
-    );
+    assert!(mismatches.is_empty(), "header and Rust mirror disagree:\n{}", mismatches.join("\n"));
 }
 
 #[test]

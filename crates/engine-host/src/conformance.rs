@@ -51,19 +51,11 @@ impl Report {
             Err(e) => (Outcome::Fail(e.clone()), e),
         };
         let ok = outcome == Outcome::Pass;
-        self.checks.push(Check {
-            name,
-            outcome,
-            detail,
-        });
+        self.checks.push(Check { name, outcome, detail });
         ok
     }
     fn skip(&mut self, name: &'static str, why: &str) {
-        self.checks.push(Check {
-            name,
-            outcome: Outcome::Skip(why.into()),
-            detail: why.into(),
-        });
+        self.checks.push(Check { name, outcome: Outcome::Skip(why.into()), detail: why.into() });
     }
 }
 
@@ -90,12 +82,9 @@ fn expect_error(
         Err(e) if e.message.trim().is_empty() || e.message.starts_with("(the plugin gave no") => {
             Err(format!("{} without a last_error message", e.status.code()))
         }
-        Err(e) if want.is_some_and(|w| w != e.status) => Err(format!(
-            "expected {}, got {}: {}",
-            want.unwrap().code(),
-            e.status.code(),
-            e.message
-        )),
+        Err(e) if want.is_some_and(|w| w != e.status) => {
+            Err(format!("expected {}, got {}: {}", want.unwrap().code(), e.status.code(), e.message))
+        }
         Err(e) => Ok(format!("{}: {}", e.status.code(), e.message)),
     }
 }
@@ -110,13 +99,7 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
             return r.checks;
         }
     };
-    r.record(
-        "manifest",
-        Ok(format!(
-            "{} {} ({})",
-            manifest.id, manifest.version, manifest.binary
-        )),
-    );
+    r.record("manifest", Ok(format!("{} {} ({})", manifest.id, manifest.version, manifest.binary)));
     let mut registry = EngineRegistry::new();
     let plugin = match load_one(dir, manifest, &mut registry) {
         Ok(p) => p,
@@ -147,17 +130,11 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
                 plugin.info.abi_major, plugin.info.abi_minor, caps
             ))
         } else {
-            Err(format!(
-                "capabilities {caps:#x} disagree with manifest modalities on {cap_matches:?}"
-            ))
+            Err(format!("capabilities {caps:#x} disagree with manifest modalities on {cap_matches:?}"))
         },
     );
 
-    let config = InstanceConfig {
-        slots: 4,
-        threads: options.threads,
-        ..Default::default()
-    };
+    let config = InstanceConfig { slots: 4, threads: options.threads, ..Default::default() };
     let engine = match EngineInstance::create(&plugin, &config) {
         Ok(e) => e,
         Err(e) => {
@@ -169,28 +146,19 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
 
     r.record(
         "unknown model",
-        expect_error(
-            engine.infer(&InferParams::greedy(1, "no-such-model", "hello"), |_| true),
-            None,
-        ),
+        expect_error(engine.infer(&InferParams::greedy(1, "no-such-model", "hello"), |_| true), None),
     );
     r.record(
         "bad arguments: NULL request",
         // SAFETY: the header lets a plugin refuse NULL; a crash here is the failure being tested.
-        expect_error(
-            unsafe { engine.raw_infer(std::ptr::null(), std::ptr::null_mut()) },
-            None,
-        ),
+        expect_error(unsafe { engine.raw_infer(std::ptr::null(), std::ptr::null_mut()) }, None),
     );
     r.record("bad arguments: struct too small", {
         let model_id = std::ffi::CString::new(MODEL_ID).unwrap();
         let mut req: abi::llmr_infer_request = unsafe { std::mem::zeroed() };
         req.struct_size = 8;
         req.model_id = model_id.as_ptr();
-        expect_error(
-            unsafe { engine.raw_infer(&req, std::ptr::null_mut()) },
-            None,
-        )
+        expect_error(unsafe { engine.raw_infer(&req, std::ptr::null_mut()) }, None)
     });
     r.record(
         "set_config: unknown key",
@@ -231,52 +199,33 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
     let spec = ModelSpec {
         model_id: MODEL_ID.into(),
         format: options.format.unwrap_or_else(|| format_of(model)),
-        model_dir: model
-            .parent()
-            .unwrap_or(Path::new("."))
-            .display()
-            .to_string(),
+        model_dir: model.parent().unwrap_or(Path::new(".")).display().to_string(),
         primary_file: model.display().to_string(),
         ..Default::default()
     };
-    if !r.record(
-        "load model",
-        engine
-            .load_model(&spec)
-            .map(|()| model.display().to_string())
-            .map_err(|e| e.to_string()),
-    ) {
+    if !r
+        .record("load model", engine.load_model(&spec).map(|()| model.display().to_string()).map_err(|e| e.to_string()))
+    {
         return r.checks;
     }
-    r.record(
-        "load model twice",
-        expect_error(engine.load_model(&spec), None),
-    );
+    r.record("load model twice", expect_error(engine.load_model(&spec), None));
     r.record(
         "model info",
-        engine
-            .model_info(MODEL_ID)
-            .map_err(|e| e.to_string())
-            .and_then(|v| match v {
-                serde_json::Value::Object(o) => {
-                    Ok(o.keys().cloned().collect::<Vec<_>>().join(", "))
-                }
-                other => Err(format!("not a JSON object: {other}")),
-            }),
+        engine.model_info(MODEL_ID).map_err(|e| e.to_string()).and_then(|v| match v {
+            serde_json::Value::Object(o) => Ok(o.keys().cloned().collect::<Vec<_>>().join(", ")),
+            other => Err(format!("not a JSON object: {other}")),
+        }),
     );
     let prompt = options.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
     r.record(
         "tokenize",
-        engine
-            .tokenize(MODEL_ID, prompt, true, false)
-            .map_err(|e| e.to_string())
-            .and_then(|t| {
-                if t.is_empty() {
-                    Err("no tokens".into())
-                } else {
-                    Ok(format!("{} tokens", t.len()))
-                }
-            }),
+        engine.tokenize(MODEL_ID, prompt, true, false).map_err(|e| e.to_string()).and_then(|t| {
+            if t.is_empty() {
+                Err("no tokens".into())
+            } else {
+                Ok(format!("{} tokens", t.len()))
+            }
+        }),
     );
 
     if caps & abi::LLMR_CAP_TEXT != 0 {
@@ -292,17 +241,8 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
     }
     check_other_modalities(&mut r, &engine, caps);
 
-    r.record(
-        "unload model",
-        engine
-            .unload_model(MODEL_ID)
-            .map(|()| "unloaded".into())
-            .map_err(|e| e.to_string()),
-    );
-    r.record(
-        "unload model twice",
-        expect_error(engine.unload_model(MODEL_ID), None),
-    );
+    r.record("unload model", engine.unload_model(MODEL_ID).map(|()| "unloaded".into()).map_err(|e| e.to_string()));
+    r.record("unload model twice", expect_error(engine.unload_model(MODEL_ID), None));
     drop(engine);
     r.record("destroy", Ok("instance destroyed".into()));
     r.checks
@@ -323,11 +263,7 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
             if pieces.is_empty() || res.completion_tokens == 0 {
                 Err("no tokens streamed".into())
             } else if pieces.len() > res.completion_tokens as usize {
-                Err(format!(
-                    "{} callbacks for {} completion tokens",
-                    pieces.len(),
-                    res.completion_tokens
-                ))
+                Err(format!("{} callbacks for {} completion tokens", pieces.len(), res.completion_tokens))
             } else {
                 Ok(format!(
                     "{} callbacks, {} prompt tokens, {:?}, text {:?}",
@@ -345,13 +281,12 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
     params.ignore_eos = true;
     r.record(
         "infer: max_tokens",
-        engine
-            .infer(&params, |_| true)
-            .map_err(|e| e.to_string())
-            .and_then(|res| match (res.completion_tokens, res.finish_reason) {
+        engine.infer(&params, |_| true).map_err(|e| e.to_string()).and_then(|res| {
+            match (res.completion_tokens, res.finish_reason) {
                 (n, FinishReason::Length) if n <= 3 => Ok(format!("{n} tokens, finish length")),
                 (n, f) => Err(format!("max_tokens 3 gave {n} tokens, finish {f:?}")),
-            }),
+            }
+        }),
     );
 
     params.request_id = 12;
@@ -367,9 +302,7 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
             .map_err(|e| e.to_string())
             .and_then(|res| match (res.finish_reason, calls) {
                 (FinishReason::Cancelled, 1) => Ok("stopped after the first token".into()),
-                (f, n) => Err(format!(
-                    "finish {f:?} after {n} callbacks (want Cancelled after 1)"
-                )),
+                (f, n) => Err(format!("finish {f:?} after {n} callbacks (want Cancelled after 1)")),
             }),
     );
 
@@ -406,15 +339,11 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
             (_, Err(e), _) => Err(format!("cancel failed: {e}")),
             (_, _, Err(e)) => Err(format!("infer failed: {e}")),
             (_, _, Ok(res)) if res.finish_reason == FinishReason::Cancelled && n <= 2 => {
-                Ok(format!(
-                    "stopped after {n} tokens, {:.1} ms after cancel",
-                    waited.as_secs_f64() * 1e3
-                ))
+                Ok(format!("stopped after {n} tokens, {:.1} ms after cancel", waited.as_secs_f64() * 1e3))
             }
-            (_, _, Ok(res)) => Err(format!(
-                "finish {:?} after {n} tokens (want Cancelled within one token)",
-                res.finish_reason
-            )),
+            (_, _, Ok(res)) => {
+                Err(format!("finish {:?} after {n} tokens (want Cancelled within one token)", res.finish_reason))
+            }
         }
     });
 }
@@ -425,29 +354,18 @@ fn check_other_modalities(r: &mut Report, engine: &EngineInstance, caps: u32) {
         r.record(
             "embed",
             engine
-                .embed(
-                    20,
-                    MODEL_ID,
-                    &["hello world", "a second input"],
-                    true,
-                    |i, v| {
-                        dims.push((i, v.len(), v.iter().map(|x| x * x).sum::<f32>().sqrt()));
-                        true
-                    },
-                )
+                .embed(20, MODEL_ID, &["hello world", "a second input"], true, |i, v| {
+                    dims.push((i, v.len(), v.iter().map(|x| x * x).sum::<f32>().sqrt()));
+                    true
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|_| match dims.as_slice() {
                     [(0, d0, n0), (1, d1, n1)]
-                        if d0 == d1
-                            && *d0 > 0
-                            && (n0 - 1.0).abs() < 1e-3
-                            && (n1 - 1.0).abs() < 1e-3 =>
+                        if d0 == d1 && *d0 > 0 && (n0 - 1.0).abs() < 1e-3 && (n1 - 1.0).abs() < 1e-3 =>
                     {
                         Ok(format!("2 vectors of {d0} dims, normalized"))
                     }
-                    other => Err(format!(
-                        "unexpected embeddings (index, dim, norm): {other:?}"
-                    )),
+                    other => Err(format!("unexpected embeddings (index, dim, norm): {other:?}")),
                 }),
         );
     }
@@ -458,9 +376,7 @@ fn check_other_modalities(r: &mut Report, engine: &EngineInstance, caps: u32) {
             "embed",
             abi::LLMR_CAP_EMBEDDING,
             if caps & abi::LLMR_CAP_EMBEDDING == 0 {
-                engine
-                    .embed(21, MODEL_ID, &["x"], false, |_, _| true)
-                    .map(|_| ())
+                engine.embed(21, MODEL_ID, &["x"], false, |_, _| true).map(|_| ())
             } else {
                 Ok(())
             },
@@ -468,29 +384,17 @@ fn check_other_modalities(r: &mut Report, engine: &EngineInstance, caps: u32) {
         (
             "transcribe",
             abi::LLMR_CAP_ASR,
-            if caps & abi::LLMR_CAP_ASR == 0 {
-                engine.probe_transcribe(MODEL_ID)
-            } else {
-                Ok(())
-            },
+            if caps & abi::LLMR_CAP_ASR == 0 { engine.probe_transcribe(MODEL_ID) } else { Ok(()) },
         ),
         (
             "synthesize",
             abi::LLMR_CAP_TTS,
-            if caps & abi::LLMR_CAP_TTS == 0 {
-                engine.probe_synthesize(MODEL_ID)
-            } else {
-                Ok(())
-            },
+            if caps & abi::LLMR_CAP_TTS == 0 { engine.probe_synthesize(MODEL_ID) } else { Ok(()) },
         ),
         (
             "generate_image",
             abi::LLMR_CAP_IMAGE,
-            if caps & abi::LLMR_CAP_IMAGE == 0 {
-                engine.probe_generate_image(MODEL_ID)
-            } else {
-                Ok(())
-            },
+            if caps & abi::LLMR_CAP_IMAGE == 0 { engine.probe_generate_image(MODEL_ID) } else { Ok(()) },
         ),
     ];
     for (name, bit, result) in probes {
@@ -505,10 +409,7 @@ fn check_other_modalities(r: &mut Report, engine: &EngineInstance, caps: u32) {
     r.record(
         "unsupported calls",
         if problems.is_empty() {
-            Ok(format!(
-                "{} answer UNSUPPORTED with a message",
-                unsupported.join(", ")
-            ))
+            Ok(format!("{} answer UNSUPPORTED with a message", unsupported.join(", ")))
         } else {
             Err(problems.join("; "))
         },

@@ -36,28 +36,16 @@ pub struct FoundPlugin {
 impl FoundPlugin {
     /// The engine id as the folder names it.
     pub fn folder_id(&self) -> String {
-        self.dir
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        self.dir.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     }
     pub fn folder_backend(&self) -> String {
-        self.dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     }
 }
 
 fn sorted_subdirs(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
+    let mut dirs: Vec<PathBuf> =
+        std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
     dirs.sort();
     dirs
 }
@@ -73,27 +61,16 @@ fn wanted_backend(options: &DiscoveryOptions, available: &[String]) -> Option<St
 }
 
 /// Scans `root`, registers every plugin it loads into `registry`, and reports every folder.
-pub fn discover(
-    root: &Path,
-    options: &DiscoveryOptions,
-    registry: &mut EngineRegistry,
-) -> Vec<FoundPlugin> {
+pub fn discover(root: &Path, options: &DiscoveryOptions, registry: &mut EngineRegistry) -> Vec<FoundPlugin> {
     let mut found = Vec::new();
     for engine_dir in sorted_subdirs(root) {
-        let backend_dirs: Vec<PathBuf> = sorted_subdirs(&engine_dir)
-            .into_iter()
-            .filter(|d| d.join("manifest.json").is_file())
-            .collect();
-        let names: Vec<String> = backend_dirs
-            .iter()
-            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
+        let backend_dirs: Vec<PathBuf> =
+            sorted_subdirs(&engine_dir).into_iter().filter(|d| d.join("manifest.json").is_file()).collect();
+        let names: Vec<String> =
+            backend_dirs.iter().filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
         let wanted = wanted_backend(options, &names);
         for dir in backend_dirs {
-            let name = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let manifest = Manifest::load(&dir, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
             let state = match (&manifest, wanted.as_deref() == Some(name.as_str())) {
                 (Err(e), _) => PluginState::Refused(e.to_string()),
@@ -106,11 +83,7 @@ pub fn discover(
             if let PluginState::Refused(reason) = &state {
                 tracing::error!(plugin = %dir.display(), "engine plugin refused: {reason}");
             }
-            found.push(FoundPlugin {
-                dir,
-                manifest: manifest.ok(),
-                state,
-            });
+            found.push(FoundPlugin { dir, manifest: manifest.ok(), state });
         }
     }
     found
@@ -125,11 +98,7 @@ fn skip_reason(options: &DiscoveryOptions, folder: &str) -> String {
 }
 
 /// Opens one plugin folder and registers it (refusing a second plugin with the same id).
-pub fn load_one(
-    dir: &Path,
-    manifest: Manifest,
-    registry: &mut EngineRegistry,
-) -> Result<Arc<Plugin>, ManifestError> {
+pub fn load_one(dir: &Path, manifest: Manifest, registry: &mut EngineRegistry) -> Result<Arc<Plugin>, ManifestError> {
     registry.check_id_free(&manifest)?;
     let plugin = Plugin::open(dir, manifest)?;
     registry.register(plugin.clone())?;

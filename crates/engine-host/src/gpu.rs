@@ -11,9 +11,7 @@ pub fn detect_gpu() -> Option<GpuBackend> {
     if cfg!(all(target_os = "macos", target_arch = "aarch64")) {
         return Some(GpuBackend::Metal);
     }
-    if std::path::Path::new("/proc/driver/nvidia/version").exists()
-        || std::path::Path::new("/dev/nvidiactl").exists()
-    {
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() || std::path::Path::new("/dev/nvidiactl").exists() {
         return Some(GpuBackend::Cuda);
     }
     None

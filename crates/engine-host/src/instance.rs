@@ -145,17 +145,13 @@ unsafe impl Sync for EngineInstance {}
 
 impl std::fmt::Debug for EngineInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineInstance")
-            .field("engine", &self.plugin.id())
-            .finish()
+        f.debug_struct("EngineInstance").field("engine", &self.plugin.id()).finish()
     }
 }
 
 fn cstring(value: &str, name: &str) -> Result<CString, CallError> {
-    CString::new(value).map_err(|_| CallError {
-        status: EngineStatus::Internal,
-        message: format!("`{name}` contains a NUL byte"),
-    })
+    CString::new(value)
+        .map_err(|_| CallError { status: EngineStatus::Internal, message: format!("`{name}` contains a NUL byte") })
 }
 
 fn opt_cstring(value: Option<&str>, name: &str) -> Result<Option<CString>, CallError> {
@@ -167,10 +163,7 @@ fn ptr_or_null(value: &Option<CString>) -> *const c_char {
 }
 
 fn abi_str(s: &str) -> abi::llmr_str {
-    abi::llmr_str {
-        ptr: s.as_ptr().cast(),
-        len: s.len(),
-    }
+    abi::llmr_str { ptr: s.as_ptr().cast(), len: s.len() }
 }
 
 /// Bytes the plugin lent us, tolerating NULL.
@@ -182,12 +175,7 @@ unsafe fn lent_bytes<'a>(s: abi::llmr_str) -> &'a [u8] {
     }
 }
 
-unsafe extern "C" fn forward_log(
-    user_data: *mut c_void,
-    level: u32,
-    message: *const c_char,
-    len: usize,
-) {
+unsafe extern "C" fn forward_log(user_data: *mut c_void, level: u32, message: *const c_char, len: usize) {
     let _ = catch_unwind(|| {
         let Some(ctx) = (user_data as *const LogContext).as_ref() else {
             return;
@@ -276,11 +264,7 @@ unsafe extern "C" fn embedding_trampoline<F: FnMut(usize, &[f32]) -> bool>(
     dim: usize,
 ) -> bool {
     let state = &mut *(user_data as *mut CallbackState<F>);
-    let values = if values.is_null() || dim == 0 {
-        &[][..]
-    } else {
-        std::slice::from_raw_parts(values, dim)
-    };
+    let values = if values.is_null() || dim == 0 { &[][..] } else { std::slice::from_raw_parts(values, dim) };
     state.call(|f| f(index, values))
 }
 
@@ -290,31 +274,17 @@ unsafe extern "C" fn reject_segment(_: *mut c_void, _: *const abi::llmr_segment)
 unsafe extern "C" fn reject_audio(_: *mut c_void, _: *const f32, _: usize, _: u32) -> bool {
     true
 }
-unsafe extern "C" fn reject_image(
-    _: *mut c_void,
-    _: u32,
-    _: *const u8,
-    _: u32,
-    _: u32,
-    _: u32,
-) -> bool {
+unsafe extern "C" fn reject_image(_: *mut c_void, _: u32, _: *const u8, _: u32, _: u32, _: u32) -> bool {
     true
 }
 
 impl EngineInstance {
-    pub fn create(
-        plugin: &Arc<Plugin>,
-        config: &InstanceConfig,
-    ) -> Result<EngineInstance, CallError> {
-        let log = Box::new(LogContext {
-            engine_id: plugin.id().to_string(),
-        });
+    pub fn create(plugin: &Arc<Plugin>, config: &InstanceConfig) -> Result<EngineInstance, CallError> {
+        let log = Box::new(LogContext { engine_id: plugin.id().to_string() });
         let device_name = opt_cstring(config.device_name.as_deref(), "device_name")?;
         let params = serde_json::Value::Object(plugin.manifest.parameters.clone()).to_string();
         let params = cstring(&params, "params_json")?;
-        let backend = config
-            .gpu_backend
-            .unwrap_or(plugin.manifest.gpu_backends[0]);
+        let backend = config.gpu_backend.unwrap_or(plugin.manifest.gpu_backends[0]);
         let raw = abi::llmr_engine_config {
             struct_size: std::mem::size_of::<abi::llmr_engine_config>() as u32,
             gpu_backend: backend.abi(),
@@ -336,20 +306,13 @@ impl EngineInstance {
         // the instance, which covers every log call the header allows.
         let status = unsafe { (plugin.exports.create)(&raw, &mut out) };
         if let Some(status) = EngineStatus::from_raw(status) {
-            return Err(CallError {
-                status,
-                message: last_error(plugin, std::ptr::null()),
-            });
+            return Err(CallError { status, message: last_error(plugin, std::ptr::null()) });
         }
         let handle = NonNull::new(out).ok_or_else(|| CallError {
             status: EngineStatus::Internal,
             message: "llmr_engine_create returned OK but no handle".into(),
         })?;
-        Ok(EngineInstance {
-            handle,
-            _log: log,
-            plugin: plugin.clone(),
-        })
+        Ok(EngineInstance { handle, _log: log, plugin: plugin.clone() })
     }
 
     pub fn plugin(&self) -> &Arc<Plugin> {
@@ -359,10 +322,7 @@ impl EngineInstance {
     fn check(&self, status: abi::llmr_status) -> Result<(), CallError> {
         match EngineStatus::from_raw(status) {
             None => Ok(()),
-            Some(status) => Err(CallError {
-                status,
-                message: last_error(&self.plugin, self.handle.as_ptr()),
-            }),
+            Some(status) => Err(CallError { status, message: last_error(&self.plugin, self.handle.as_ptr()) }),
         }
     }
 
@@ -377,10 +337,7 @@ impl EngineInstance {
         let arch = opt_cstring(spec.architecture.as_deref(), "architecture")?;
         let quant = opt_cstring(spec.quantization.as_deref(), "quantization")?;
         let mmproj = opt_cstring(spec.mmproj_file.as_deref(), "mmproj_file")?;
-        let options = opt_cstring(
-            spec.options.as_ref().map(|o| o.to_string()).as_deref(),
-            "options",
-        )?;
+        let options = opt_cstring(spec.options.as_ref().map(|o| o.to_string()).as_deref(), "options")?;
         let raw = abi::llmr_model_desc {
             struct_size: std::mem::size_of::<abi::llmr_model_desc>() as u32,
             format: spec.format,
@@ -419,11 +376,7 @@ impl EngineInstance {
     pub fn metrics(&self) -> Result<serde_json::Value, CallError> {
         let mut buf = Vec::<u8>::new();
         self.check(unsafe {
-            (self.plugin.exports.get_metrics)(
-                self.raw(),
-                Some(collect_text),
-                &mut buf as *mut _ as *mut c_void,
-            )
+            (self.plugin.exports.get_metrics)(self.raw(), Some(collect_text), &mut buf as *mut _ as *mut c_void)
         })?;
         parse_json_reply(&buf, "llmr_engine_get_metrics")
     }
@@ -437,11 +390,7 @@ impl EngineInstance {
     ) -> Result<Vec<i32>, CallError> {
         let model_id = cstring(model_id, "model_id")?;
         let flags = if add_bos { abi::LLMR_INFER_ADD_BOS } else { 0 }
-            | if parse_special {
-                abi::LLMR_INFER_PARSE_SPECIAL
-            } else {
-                0
-            };
+            | if parse_special { abi::LLMR_INFER_PARSE_SPECIAL } else { 0 };
         // Guess generously (one token per 2 bytes), retry once with the exact size.
         let mut tokens = vec![0i32; text.len() / 2 + 16];
         for _ in 0..2 {
@@ -463,10 +412,7 @@ impl EngineInstance {
             }
             tokens.resize(count, 0);
         }
-        Err(CallError {
-            status: EngineStatus::Internal,
-            message: "llmr_engine_tokenize kept growing its count".into(),
-        })
+        Err(CallError { status: EngineStatus::Internal, message: "llmr_engine_tokenize kept growing its count".into() })
     }
 
     /// Generates text, calling `on_token` for each token; returning false cancels. A cancelled
@@ -504,18 +450,11 @@ impl EngineInstance {
             presence_penalty: params.presence_penalty,
             frequency_penalty: params.frequency_penalty,
             seed: params.seed.unwrap_or(0),
-            stop: if stops.is_empty() {
-                std::ptr::null()
-            } else {
-                stops.as_ptr()
-            },
+            stop: if stops.is_empty() { std::ptr::null() } else { stops.as_ptr() },
             stop_count: stops.len(),
             top_logprobs: params.logprobs.unwrap_or(0),
         };
-        let mut state = CallbackState {
-            f: on_token,
-            panic: None,
-        };
+        let mut state = CallbackState { f: on_token, panic: None };
         let mut result = abi::llmr_infer_result {
             struct_size: std::mem::size_of::<abi::llmr_infer_result>() as u32,
             ..Default::default()
@@ -536,10 +475,7 @@ impl EngineInstance {
         let finish_reason = match outcome {
             Ok(()) if result.finish_reason == abi::LLMR_FINISH_LENGTH => FinishReason::Length,
             Ok(()) => FinishReason::Stop,
-            Err(CallError {
-                status: EngineStatus::Cancelled,
-                ..
-            }) => FinishReason::Cancelled,
+            Err(CallError { status: EngineStatus::Cancelled, .. }) => FinishReason::Cancelled,
             Err(e) => return Err(e),
         };
         Ok(InferResult {
@@ -569,20 +505,13 @@ impl EngineInstance {
         let raw_inputs: Vec<abi::llmr_str> = inputs.iter().map(|s| abi_str(s)).collect();
         let raw = abi::llmr_embed_request {
             struct_size: std::mem::size_of::<abi::llmr_embed_request>() as u32,
-            flags: if normalize {
-                abi::LLMR_EMBED_NORMALIZE
-            } else {
-                0
-            },
+            flags: if normalize { abi::LLMR_EMBED_NORMALIZE } else { 0 },
             request_id,
             model_id: model_id.as_ptr(),
             inputs: raw_inputs.as_ptr(),
             input_count: raw_inputs.len(),
         };
-        let mut state = CallbackState {
-            f: on_embedding,
-            panic: None,
-        };
+        let mut state = CallbackState { f: on_embedding, panic: None };
         let mut result = abi::llmr_embed_result {
             struct_size: std::mem::size_of::<abi::llmr_embed_result>() as u32,
             prompt_tokens: 0,
@@ -617,12 +546,7 @@ impl EngineInstance {
             temperature: 0.0,
         };
         self.check(unsafe {
-            (self.plugin.exports.transcribe)(
-                self.raw(),
-                &raw,
-                Some(reject_segment),
-                std::ptr::null_mut(),
-            )
+            (self.plugin.exports.transcribe)(self.raw(), &raw, Some(reject_segment), std::ptr::null_mut())
         })
     }
 
@@ -639,12 +563,7 @@ impl EngineInstance {
             speed: 1.0,
         };
         self.check(unsafe {
-            (self.plugin.exports.synthesize)(
-                self.raw(),
-                &raw,
-                Some(reject_audio),
-                std::ptr::null_mut(),
-            )
+            (self.plugin.exports.synthesize)(self.raw(), &raw, Some(reject_audio), std::ptr::null_mut())
         })
     }
 
@@ -666,12 +585,7 @@ impl EngineInstance {
             seed_set: 0,
         };
         self.check(unsafe {
-            (self.plugin.exports.generate_image)(
-                self.raw(),
-                &raw,
-                Some(reject_image),
-                std::ptr::null_mut(),
-            )
+            (self.plugin.exports.generate_image)(self.raw(), &raw, Some(reject_image), std::ptr::null_mut())
         })
     }
 
@@ -679,22 +593,12 @@ impl EngineInstance {
         self.check(unsafe { (self.plugin.exports.cancel)(self.raw(), request_id) })
     }
 
-    pub fn set_config(
-        &self,
-        model_id: Option<&str>,
-        key: &str,
-        value: &serde_json::Value,
-    ) -> Result<(), CallError> {
+    pub fn set_config(&self, model_id: Option<&str>, key: &str, value: &serde_json::Value) -> Result<(), CallError> {
         let model_id = opt_cstring(model_id, "model_id")?;
         let key = cstring(key, "key")?;
         let value = cstring(&value.to_string(), "value")?;
         self.check(unsafe {
-            (self.plugin.exports.set_config)(
-                self.raw(),
-                ptr_or_null(&model_id),
-                key.as_ptr(),
-                value.as_ptr(),
-            )
+            (self.plugin.exports.set_config)(self.raw(), ptr_or_null(&model_id), key.as_ptr(), value.as_ptr())
         })
     }
 
@@ -708,13 +612,7 @@ impl EngineInstance {
         request: *const abi::llmr_infer_request,
         result: *mut abi::llmr_infer_result,
     ) -> Result<(), CallError> {
-        self.check((self.plugin.exports.infer)(
-            self.raw(),
-            request,
-            None,
-            std::ptr::null_mut(),
-            result,
-        ))
+        self.check((self.plugin.exports.infer)(self.raw(), request, None, std::ptr::null_mut(), result))
     }
 }
 
@@ -733,10 +631,8 @@ impl Drop for EngineInstance {
 }
 
 fn parse_json_reply(buf: &[u8], what: &str) -> Result<serde_json::Value, CallError> {
-    serde_json::from_slice(buf).map_err(|e| CallError {
-        status: EngineStatus::Internal,
-        message: format!("{what} wrote invalid JSON: {e}"),
-    })
+    serde_json::from_slice(buf)
+        .map_err(|e| CallError { status: EngineStatus::Internal, message: format!("{what} wrote invalid JSON: {e}") })
 }
 
 /// The plugin's last error for `handle` on this thread, copied.
@@ -746,9 +642,7 @@ fn last_error(plugin: &Plugin, handle: *const abi::llmr_engine) -> String {
     if ptr.is_null() {
         return "(the plugin gave no error message)".into();
     }
-    let msg = unsafe { CStr::from_ptr(ptr) }
-        .to_string_lossy()
-        .into_owned();
+    let msg = unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned();
     if msg.is_empty() {
         "(the plugin gave no error message)".into()
     } else {

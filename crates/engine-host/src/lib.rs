@@ -15,13 +15,10 @@ mod status;
 pub use discovery::{discover, load_one, DiscoveryOptions, FoundPlugin, PluginState};
 pub use gpu::detect_gpu;
 pub use instance::{
-    EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent,
-    TopLogprob,
+    EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent, TopLogprob,
 };
 pub use llmr_engine_abi as abi;
-pub use manifest::{
-    Dependency, GpuBackend, Manifest, ManifestError, KNOWN_FORMATS, KNOWN_MODALITIES, SPEC_RUNTIMES,
-};
+pub use manifest::{Dependency, GpuBackend, Manifest, ManifestError, KNOWN_FORMATS, KNOWN_MODALITIES, SPEC_RUNTIMES};
 pub use plugin::{Plugin, PluginInfo};
 pub use registry::{EngineRegistry, ModelRequirements, ResolveError};
 pub use status::{CallError, EngineStatus};

@@ -55,14 +55,8 @@ pub const KNOWN_FORMATS: &[&str] = &["gguf", "safetensors", "onnx", "ggml"];
 /// Capabilities (spec: text, embedding, vision, asr, tts, image).
 pub const KNOWN_MODALITIES: &[&str] = &["text", "embedding", "vision", "asr", "tts", "image"];
 /// RuntimeType names of the spec; plugins may add their own.
-pub const SPEC_RUNTIMES: &[&str] = &[
-    "LlamaCpp",
-    "GptOssCpp",
-    "NemotronCpp",
-    "WhisperCpp",
-    "OnnxRuntime",
-    "StableDiffusion",
-];
+pub const SPEC_RUNTIMES: &[&str] =
+    &["LlamaCpp", "GptOssCpp", "NemotronCpp", "WhisperCpp", "OnnxRuntime", "StableDiffusion"];
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Dependency {
@@ -169,24 +163,15 @@ impl Manifest {
     /// architectures, known formats and modalities.
     pub fn load(dir: &Path, host_abi_major: u32) -> Result<Manifest, ManifestError> {
         let path = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ManifestError::Unreadable {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let raw: RawManifest = serde_json::from_str(&text).map_err(|e| ManifestError::Invalid {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let invalid = |reason: String| ManifestError::Invalid {
-            path: path.clone(),
-            reason,
-        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ManifestError::Unreadable { path: path.clone(), reason: e.to_string() })?;
+        let raw: RawManifest = serde_json::from_str(&text)
+            .map_err(|e| ManifestError::Invalid { path: path.clone(), reason: e.to_string() })?;
+        let invalid = |reason: String| ManifestError::Invalid { path: path.clone(), reason };
 
         let abi_version = match &raw.abi_version {
             AbiVersionField::Number(n) => u32::try_from(*n).ok(),
-            AbiVersionField::Text(t) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => {
-                t.parse().ok()
-            }
+            AbiVersionField::Text(t) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t.parse().ok(),
             AbiVersionField::Text(_) => None,
         };
         let got = match &raw.abi_version {
@@ -194,17 +179,11 @@ impl Manifest {
             AbiVersionField::Text(t) => t.clone(),
         };
         if abi_version != Some(host_abi_major) {
-            return Err(ManifestError::AbiMismatch {
-                expected: host_abi_major,
-                got,
-            });
+            return Err(ManifestError::AbiMismatch { expected: host_abi_major, got });
         }
 
         if raw.id.is_empty()
-            || !raw
-                .id
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+            || !raw.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         {
             return Err(invalid(format!(
                 "`id` must be non-empty lowercase letters, digits, '_' or '-', got {:?}",
@@ -215,11 +194,7 @@ impl Manifest {
             .map_err(|e| invalid(format!("`version` {:?} is not semver: {e}", raw.version)))?;
 
         let folder_backend = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let folder_id = dir
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
+        let folder_id = dir.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or_default();
         if folder_id != raw.id {
             return Err(ManifestError::IdMismatch(format!(
                 "folder engines/{folder_id}/ holds manifest id {:?}",
@@ -235,9 +210,7 @@ impl Manifest {
         let mut gpu_backends = Vec::new();
         for name in &backend_names {
             let b = GpuBackend::parse(name).ok_or_else(|| {
-                invalid(format!(
-                    "unknown gpu backend {name:?} (expected one of cuda, metal, directml, cpu)"
-                ))
+                invalid(format!("unknown gpu backend {name:?} (expected one of cuda, metal, directml, cpu)"))
             })?;
             if !gpu_backends.contains(&b) {
                 gpu_backends.push(b);
@@ -261,34 +234,14 @@ impl Manifest {
         if raw.formats.is_empty() {
             return Err(invalid("`formats` is empty".into()));
         }
-        if let Some(f) = raw
-            .formats
-            .iter()
-            .find(|f| !KNOWN_FORMATS.contains(&f.as_str()))
-        {
-            return Err(invalid(format!(
-                "unknown format {f:?} (expected one of {KNOWN_FORMATS:?})"
-            )));
+        if let Some(f) = raw.formats.iter().find(|f| !KNOWN_FORMATS.contains(&f.as_str())) {
+            return Err(invalid(format!("unknown format {f:?} (expected one of {KNOWN_FORMATS:?})")));
         }
         // Spec 001 calls text generation "completion"; both names mean the same capability.
-        let modalities: Vec<String> = raw
-            .modalities
-            .iter()
-            .map(|m| {
-                if m == "completion" {
-                    "text".to_string()
-                } else {
-                    m.clone()
-                }
-            })
-            .collect();
-        if let Some(m) = modalities
-            .iter()
-            .find(|m| !KNOWN_MODALITIES.contains(&m.as_str()))
-        {
-            return Err(invalid(format!(
-                "unknown modality {m:?} (expected one of {KNOWN_MODALITIES:?})"
-            )));
+        let modalities: Vec<String> =
+            raw.modalities.iter().map(|m| if m == "completion" { "text".to_string() } else { m.clone() }).collect();
+        if let Some(m) = modalities.iter().find(|m| !KNOWN_MODALITIES.contains(&m.as_str())) {
+            return Err(invalid(format!("unknown modality {m:?} (expected one of {KNOWN_MODALITIES:?})")));
         }
 
         let binary_path = confined_binary(dir, &raw.binary)?;
@@ -321,20 +274,14 @@ impl Manifest {
 fn confined_binary(dir: &Path, binary: &str) -> Result<PathBuf, ManifestError> {
     let rel = Path::new(binary);
     let mut components = rel.components();
-    let plain = matches!(
-        (components.next(), components.next()),
-        (Some(Component::Normal(_)), None)
-    );
+    let plain = matches!((components.next(), components.next()), (Some(Component::Normal(_)), None));
     if !plain || binary.contains('\\') {
         return Err(ManifestError::BinaryEscapes(binary.to_string()));
     }
     let path = dir.join(rel);
     if let (Ok(real_dir), Ok(real_bin)) = (dir.canonicalize(), path.canonicalize()) {
         if !real_bin.starts_with(&real_dir) {
-            return Err(ManifestError::BinaryEscapes(format!(
-                "{binary} -> {}",
-                real_bin.display()
-            )));
+            return Err(ManifestError::BinaryEscapes(format!("{binary} -> {}", real_bin.display())));
         }
     }
     Ok(path)

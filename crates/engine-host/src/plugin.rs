@@ -51,10 +51,7 @@ pub struct Plugin {
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin")
-            .field("id", &self.manifest.id)
-            .field("dir", &self.dir)
-            .finish()
+        f.debug_struct("Plugin").field("id", &self.manifest.id).field("dir", &self.dir).finish()
     }
 }
 
@@ -63,23 +60,16 @@ impl Plugin {
     /// host's ABI and the manifest.
     pub fn open(dir: &Path, manifest: Manifest) -> Result<Arc<Plugin>, ManifestError> {
         let path = dir.join(&manifest.binary);
-        let invalid = |reason: String| ManifestError::Invalid {
-            path: path.clone(),
-            reason,
-        };
+        let invalid = |reason: String| ManifestError::Invalid { path: path.clone(), reason };
         // SAFETY: loading a library runs its initialisers; plugins are trusted code by design
         // (spec: in-process engines), and the folder was validated first.
-        let library = unsafe { libloading::Library::new(&path) }
-            .map_err(|e| invalid(format!("cannot load: {e}")))?;
+        let library = unsafe { libloading::Library::new(&path) }.map_err(|e| invalid(format!("cannot load: {e}")))?;
 
         macro_rules! sym {
             ($name:expr, $ty:ty) => {{
                 // SAFETY: the symbol is declared with this type in llmr_engine.h.
                 let s: libloading::Symbol<$ty> = unsafe { library.get($name) }.map_err(|_| {
-                    invalid(format!(
-                        "missing export `{}`",
-                        String::from_utf8_lossy(&$name[..$name.len() - 1])
-                    ))
+                    invalid(format!("missing export `{}`", String::from_utf8_lossy(&$name[..$name.len() - 1])))
                 })?;
                 *s
             }};
@@ -119,22 +109,13 @@ impl Plugin {
             embed: sym!(abi::symbols::EMBED, abi::llmr_engine_embed_fn),
             transcribe: sym!(abi::symbols::TRANSCRIBE, abi::llmr_engine_transcribe_fn),
             synthesize: sym!(abi::symbols::SYNTHESIZE, abi::llmr_engine_synthesize_fn),
-            generate_image: sym!(
-                abi::symbols::GENERATE_IMAGE,
-                abi::llmr_engine_generate_image_fn
-            ),
+            generate_image: sym!(abi::symbols::GENERATE_IMAGE, abi::llmr_engine_generate_image_fn),
             cancel: sym!(abi::symbols::CANCEL, abi::llmr_engine_cancel_fn),
             get_metrics: sym!(abi::symbols::GET_METRICS, abi::llmr_engine_get_metrics_fn),
             set_config: sym!(abi::symbols::SET_CONFIG, abi::llmr_engine_set_config_fn),
             last_error: sym!(abi::symbols::LAST_ERROR, abi::llmr_engine_last_error_fn),
         };
-        Ok(Arc::new(Plugin {
-            manifest,
-            dir: dir.to_path_buf(),
-            info,
-            exports,
-            _library: library,
-        }))
+        Ok(Arc::new(Plugin { manifest, dir: dir.to_path_buf(), info, exports, _library: library }))
     }
 
     pub fn id(&self) -> &str {
@@ -148,10 +129,7 @@ unsafe fn read_info(ptr: *const abi::llmr_engine_info) -> Result<PluginInfo, Str
     // abi_major sits right after struct_size in every version; read it first so that a plugin of
     // another major version gets the ABI message rather than a size complaint.
     if (info.struct_size as usize) < 8 {
-        return Err(format!(
-            "llmr_engine_info.struct_size is {}",
-            info.struct_size
-        ));
+        return Err(format!("llmr_engine_info.struct_size is {}", info.struct_size));
     }
     if info.abi_major != abi::LLMR_ENGINE_ABI_MAJOR {
         return Ok(PluginInfo {
@@ -173,10 +151,7 @@ unsafe fn read_info(ptr: *const abi::llmr_engine_info) -> Result<PluginInfo, Str
         if p.is_null() {
             return Err(format!("llmr_engine_info.{name} is NULL"));
         }
-        CStr::from_ptr(p)
-            .to_str()
-            .map(str::to_owned)
-            .map_err(|_| format!("llmr_engine_info.{name} is not UTF-8"))
+        CStr::from_ptr(p).to_str().map(str::to_owned).map_err(|_| format!("llmr_engine_info.{name} is not UTF-8"))
     };
     Ok(PluginInfo {
         engine_id: text(info.engine_id, "engine_id")?,

@@ -27,19 +27,13 @@ pub struct ModelRequirements<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
     #[error("No engine plugin handles format '{format}'{}", runtime_suffix(.runtime))]
-    NoEngineForFormat {
-        format: String,
-        runtime: Option<String>,
-    },
+    NoEngineForFormat { format: String, runtime: Option<String> },
     #[error("{}", .0.join("; "))]
     UnsupportedArchitecture(Vec<String>),
 }
 
 fn runtime_suffix(runtime: &Option<String>) -> String {
-    runtime
-        .as_ref()
-        .map(|r| format!(" with runtime '{r}'"))
-        .unwrap_or_default()
+    runtime.as_ref().map(|r| format!(" with runtime '{r}'")).unwrap_or_default()
 }
 
 fn same(a: &str, b: &str) -> bool {
@@ -81,11 +75,7 @@ impl EngineRegistry {
 
     /// Every architecture some loaded plugin supports, sorted and deduplicated.
     pub fn supported_architectures(&self) -> Vec<String> {
-        let mut all: Vec<String> = self
-            .plugins
-            .iter()
-            .flat_map(|p| p.manifest.architectures.iter().cloned())
-            .collect();
+        let mut all: Vec<String> = self.plugins.iter().flat_map(|p| p.manifest.architectures.iter().cloned()).collect();
         all.sort();
         all.dedup();
         all
@@ -98,10 +88,7 @@ impl EngineRegistry {
         let by_format: Vec<&Arc<Plugin>> = self
             .plugins
             .iter()
-            .filter(|p| {
-                req.runtime
-                    .is_none_or(|r| p.manifest.runtimes.iter().any(|x| same(x, r)))
-            })
+            .filter(|p| req.runtime.is_none_or(|r| p.manifest.runtimes.iter().any(|x| same(x, r))))
             .filter(|p| p.manifest.formats.iter().any(|f| same(f, req.format)))
             .collect();
         if by_format.is_empty() {
@@ -113,12 +100,7 @@ impl EngineRegistry {
         let candidates: Vec<&Arc<Plugin>> = by_format
             .iter()
             .copied()
-            .filter(|p| {
-                p.manifest
-                    .architectures
-                    .iter()
-                    .any(|a| same(a, req.architecture))
-            })
+            .filter(|p| p.manifest.architectures.iter().any(|a| same(a, req.architecture)))
             .collect();
         if candidates.is_empty() {
             return Err(ResolveError::UnsupportedArchitecture(
@@ -142,18 +124,11 @@ impl EngineRegistry {
         if let Some(best) = candidates
             .iter()
             .filter(|p| score(p).is_some())
-            .max_by(|a, b| {
-                score(a)
-                    .partial_cmp(&score(b))
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            })
+            .max_by(|a, b| score(a).partial_cmp(&score(b)).unwrap_or(std::cmp::Ordering::Equal))
         {
             return Ok((*best).clone());
         }
-        let chosen = candidates
-            .iter()
-            .find(|p| !p.manifest.builtin)
-            .unwrap_or(&candidates[0]);
+        let chosen = candidates.iter().find(|p| !p.manifest.builtin).unwrap_or(&candidates[0]);
         tracing::warn!(
             architecture = req.architecture,
             format = req.format,

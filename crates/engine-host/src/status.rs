@@ -91,17 +91,7 @@ mod tests {
 
     #[test]
     fn every_code_round_trips_and_maps_to_the_spec_status() {
-        let expected = [
-            (1, 507),
-            (2, 507),
-            (3, 500),
-            (4, 504),
-            (5, 499),
-            (6, 501),
-            (7, 500),
-            (8, 500),
-            (9, 500),
-        ];
+        let expected = [(1, 507), (2, 507), (3, 500), (4, 504), (5, 499), (6, 501), (7, 500), (8, 500), (9, 500)];
         for (raw, http) in expected {
             let s = EngineStatus::from_raw(raw).unwrap();
             assert_eq!(s.raw(), raw);

@@ -42,16 +42,10 @@ pub struct EngineError {
 
 impl EngineError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
+        Self { code, message: message.into() }
     }
     pub fn unsupported(what: impl fmt::Display) -> Self {
-        Self::new(
-            ErrorCode::Unsupported,
-            format!("{what} is not supported by this engine"),
-        )
+        Self::new(ErrorCode::Unsupported, format!("{what} is not supported by this engine"))
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Internal, message)
@@ -60,10 +54,7 @@ impl EngineError {
         Self::new(ErrorCode::LoadFailed, message)
     }
     pub fn model_not_loaded(model_id: &str) -> Self {
-        Self::new(
-            ErrorCode::LoadFailed,
-            format!("model '{model_id}' is not loaded"),
-        )
+        Self::new(ErrorCode::LoadFailed, format!("model '{model_id}' is not loaded"))
     }
     pub fn cancelled() -> Self {
         Self::new(ErrorCode::Cancelled, "request cancelled")

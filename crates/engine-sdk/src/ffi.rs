@@ -77,11 +77,7 @@ unsafe fn read_sized<T>(ptr: *const T, name: &str) -> Result<T, EngineError> {
         ));
     }
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
-    std::ptr::copy_nonoverlapping(
-        ptr as *const u8,
-        out.as_mut_ptr() as *mut u8,
-        full.min(size),
-    );
+    std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr() as *mut u8, full.min(size));
     Ok(out.assume_init())
 }
 
@@ -102,10 +98,7 @@ unsafe fn opt_cstr<'a>(ptr: *const c_char, name: &str) -> Result<Option<&'a str>
     if ptr.is_null() {
         return Ok(None);
     }
-    CStr::from_ptr(ptr)
-        .to_str()
-        .map(Some)
-        .map_err(|_| bad_arg(&format!("`{name}` is not valid UTF-8")))
+    CStr::from_ptr(ptr).to_str().map(Some).map_err(|_| bad_arg(&format!("`{name}` is not valid UTF-8")))
 }
 
 unsafe fn req_cstr<'a>(ptr: *const c_char, name: &str) -> Result<&'a str, EngineError> {
@@ -117,20 +110,13 @@ unsafe fn abi_str<'a>(s: abi::llmr_str, name: &str) -> Result<&'a str, EngineErr
         return Ok("");
     }
     if s.ptr.is_null() {
-        return Err(bad_arg(&format!(
-            "`{name}.ptr` is NULL with length {}",
-            s.len
-        )));
+        return Err(bad_arg(&format!("`{name}.ptr` is NULL with length {}", s.len)));
     }
     std::str::from_utf8(std::slice::from_raw_parts(s.ptr as *const u8, s.len))
         .map_err(|_| bad_arg(&format!("`{name}` is not valid UTF-8")))
 }
 
-unsafe fn abi_str_array<'a>(
-    ptr: *const abi::llmr_str,
-    count: usize,
-    name: &str,
-) -> Result<Vec<&'a str>, EngineError> {
+unsafe fn abi_str_array<'a>(ptr: *const abi::llmr_str, count: usize, name: &str) -> Result<Vec<&'a str>, EngineError> {
     if count == 0 {
         return Ok(Vec::new());
     }
@@ -147,16 +133,12 @@ unsafe fn abi_str_array<'a>(
 fn parse_json(text: Option<&str>, name: &str) -> Result<serde_json::Value, EngineError> {
     match text {
         None => Ok(serde_json::Value::Null),
-        Some(t) => {
-            serde_json::from_str(t).map_err(|e| bad_arg(&format!("`{name}` is not JSON: {e}")))
-        }
+        Some(t) => serde_json::from_str(t).map_err(|e| bad_arg(&format!("`{name}` is not JSON: {e}"))),
     }
 }
 
 unsafe fn instance<'a, E>(engine: *const abi::llmr_engine) -> Result<&'a Instance<E>, EngineError> {
-    (engine as *const Instance<E>)
-        .as_ref()
-        .ok_or_else(|| bad_arg("`engine` is NULL"))
+    (engine as *const Instance<E>).as_ref().ok_or_else(|| bad_arg("`engine` is NULL"))
 }
 
 /// Instance id for error bookkeeping, 0 for NULL.
@@ -164,11 +146,7 @@ unsafe fn instance_id<E>(engine: *const abi::llmr_engine) -> u64 {
     (engine as *const Instance<E>).as_ref().map_or(0, |i| i.id)
 }
 
-fn write_json(
-    value: &serde_json::Value,
-    write: abi::llmr_write_fn,
-    user_data: *mut c_void,
-) -> Result<(), EngineError> {
+fn write_json(value: &serde_json::Value, write: abi::llmr_write_fn, user_data: *mut c_void) -> Result<(), EngineError> {
     let write = write.ok_or_else(|| bad_arg("`write` is NULL"))?;
     let text = value.to_string();
     // SAFETY: `text` outlives the call.
@@ -217,10 +195,7 @@ pub unsafe fn create<E: Engine>(
             device_memory_total_bytes: c.device_memory_total_bytes,
             device_memory_free_bytes: c.device_memory_free_bytes,
             host_memory_total_bytes: c.host_memory_total_bytes,
-            params: parse_json(
-                opt_cstr(c.params_json, "config.params_json")?,
-                "config.params_json",
-            )?,
+            params: parse_json(opt_cstr(c.params_json, "config.params_json")?, "config.params_json")?,
         };
         let engine = E::create(config)?;
         let id = NEXT_INSTANCE_ID.fetch_add(1, Ordering::Relaxed);
@@ -259,24 +234,14 @@ pub unsafe fn load_model<E: Engine>(
             quantization: opt_cstr(d.quantization, "desc.quantization")?.map(str::to_owned),
             mmproj_file: opt_cstr(d.mmproj_file, "desc.mmproj_file")?.map(PathBuf::from),
             context_length: d.context_length,
-            options: parse_json(
-                opt_cstr(d.options_json, "desc.options_json")?,
-                "desc.options_json",
-            )?,
+            options: parse_json(opt_cstr(d.options_json, "desc.options_json")?, "desc.options_json")?,
         };
         inst.engine.load_model(desc)
     })
 }
 
-pub unsafe fn unload_model<E: Engine>(
-    engine: *mut abi::llmr_engine,
-    model_id: *const c_char,
-) -> abi::llmr_status {
-    guard(instance_id::<E>(engine), || {
-        instance::<E>(engine)?
-            .engine
-            .unload_model(req_cstr(model_id, "model_id")?)
-    })
+pub unsafe fn unload_model<E: Engine>(engine: *mut abi::llmr_engine, model_id: *const c_char) -> abi::llmr_status {
+    guard(instance_id::<E>(engine), || instance::<E>(engine)?.engine.unload_model(req_cstr(model_id, "model_id")?))
 }
 
 pub unsafe fn model_info<E: Engine>(
@@ -286,9 +251,7 @@ pub unsafe fn model_info<E: Engine>(
     user_data: *mut c_void,
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
-        let info = instance::<E>(engine)?
-            .engine
-            .model_info(req_cstr(model_id, "model_id")?)?;
+        let info = instance::<E>(engine)?.engine.model_info(req_cstr(model_id, "model_id")?)?;
         write_json(&info, write, user_data)
     })
 }
@@ -433,11 +396,7 @@ pub unsafe fn transcribe<E: Engine>(
         if r.samples.is_null() && r.sample_count > 0 {
             return Err(bad_arg("`request.samples` is NULL"));
         }
-        let samples = if r.sample_count == 0 {
-            &[][..]
-        } else {
-            std::slice::from_raw_parts(r.samples, r.sample_count)
-        };
+        let samples = if r.sample_count == 0 { &[][..] } else { std::slice::from_raw_parts(r.samples, r.sample_count) };
         let req = TranscribeRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
@@ -447,8 +406,7 @@ pub unsafe fn transcribe<E: Engine>(
             prompt: opt_cstr(r.prompt, "request.prompt")?,
             temperature: r.temperature,
         };
-        inst.engine
-            .transcribe(&req, &mut SegmentSink::new(on_segment, user_data))
+        inst.engine.transcribe(&req, &mut SegmentSink::new(on_segment, user_data))
     })
 }
 
@@ -468,8 +426,7 @@ pub unsafe fn synthesize<E: Engine>(
             voice: opt_cstr(r.voice, "request.voice")?,
             speed: if r.speed == 0.0 { 1.0 } else { r.speed },
         };
-        inst.engine
-            .synthesize(&req, &mut AudioSink::new(on_audio, user_data))
+        inst.engine.synthesize(&req, &mut AudioSink::new(on_audio, user_data))
     })
 }
 
@@ -494,18 +451,12 @@ pub unsafe fn generate_image<E: Engine>(
             count: r.count.max(1),
             seed: (r.seed_set != 0).then_some(r.seed),
         };
-        inst.engine
-            .generate_image(&req, &mut ImageSink::new(on_image, user_data))
+        inst.engine.generate_image(&req, &mut ImageSink::new(on_image, user_data))
     })
 }
 
-pub unsafe fn cancel<E: Engine>(
-    engine: *mut abi::llmr_engine,
-    request_id: u64,
-) -> abi::llmr_status {
-    guard(instance_id::<E>(engine), || {
-        instance::<E>(engine)?.engine.cancel(request_id)
-    })
+pub unsafe fn cancel<E: Engine>(engine: *mut abi::llmr_engine, request_id: u64) -> abi::llmr_status {
+    guard(instance_id::<E>(engine), || instance::<E>(engine)?.engine.cancel(request_id))
 }
 
 pub unsafe fn get_metrics<E: Engine>(
@@ -529,8 +480,7 @@ pub unsafe fn set_config<E: Engine>(
         let inst = instance::<E>(engine)?;
         let key = req_cstr(key, "key")?;
         let value = parse_json(Some(req_cstr(value_json, "value_json")?), "value_json")?;
-        inst.engine
-            .set_config(opt_cstr(model_id, "model_id")?, key, value)
+        inst.engine.set_config(opt_cstr(model_id, "model_id")?, key, value)
     })
 }
 

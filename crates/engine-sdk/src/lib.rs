@@ -59,47 +59,27 @@ pub trait Engine: Send + Sync + Sized + 'static {
 
     /// Generates text, handing each token to `sink` as soon as it is known. When `sink.emit`
     /// returns false, stop and return `FinishReason::Cancelled`.
-    fn infer(
-        &self,
-        request: &InferRequest<'_>,
-        sink: &mut TokenSink,
-    ) -> Result<InferOutcome, EngineError> {
+    fn infer(&self, request: &InferRequest<'_>, sink: &mut TokenSink) -> Result<InferOutcome, EngineError> {
         let _ = (request, sink);
         Err(EngineError::unsupported("text generation"))
     }
 
-    fn embed(
-        &self,
-        request: &EmbedRequest<'_>,
-        sink: &mut EmbeddingSink,
-    ) -> Result<EmbedOutcome, EngineError> {
+    fn embed(&self, request: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
         let _ = (request, sink);
         Err(EngineError::unsupported("embeddings"))
     }
 
-    fn transcribe(
-        &self,
-        request: &TranscribeRequest<'_>,
-        sink: &mut SegmentSink,
-    ) -> Result<(), EngineError> {
+    fn transcribe(&self, request: &TranscribeRequest<'_>, sink: &mut SegmentSink) -> Result<(), EngineError> {
         let _ = (request, sink);
         Err(EngineError::unsupported("transcription"))
     }
 
-    fn synthesize(
-        &self,
-        request: &SynthesizeRequest<'_>,
-        sink: &mut AudioSink,
-    ) -> Result<(), EngineError> {
+    fn synthesize(&self, request: &SynthesizeRequest<'_>, sink: &mut AudioSink) -> Result<(), EngineError> {
         let _ = (request, sink);
         Err(EngineError::unsupported("speech synthesis"))
     }
 
-    fn generate_image(
-        &self,
-        request: &ImageRequest<'_>,
-        sink: &mut ImageSink,
-    ) -> Result<(), EngineError> {
+    fn generate_image(&self, request: &ImageRequest<'_>, sink: &mut ImageSink) -> Result<(), EngineError> {
         let _ = (request, sink);
         Err(EngineError::unsupported("image generation"))
     }
@@ -115,17 +95,9 @@ pub trait Engine: Send + Sync + Sized + 'static {
     }
 
     /// Changes a runtime setting; `model_id` `None` means the whole instance.
-    fn set_config(
-        &self,
-        model_id: Option<&str>,
-        key: &str,
-        value: serde_json::Value,
-    ) -> Result<(), EngineError> {
+    fn set_config(&self, model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
         let _ = (model_id, value);
-        Err(EngineError::new(
-            ErrorCode::Unsupported,
-            format!("unknown setting `{key}`"),
-        ))
+        Err(EngineError::new(ErrorCode::Unsupported, format!("unknown setting `{key}`")))
     }
 }
 
@@ -150,9 +122,7 @@ macro_rules! export_engine {
                 ffi::create::<$engine>(config, out)
             }
             #[no_mangle]
-            pub unsafe extern "C" fn llmr_engine_destroy(
-                engine: *mut abi::llmr_engine,
-            ) -> abi::llmr_status {
+            pub unsafe extern "C" fn llmr_engine_destroy(engine: *mut abi::llmr_engine) -> abi::llmr_status {
                 ffi::destroy::<$engine>(engine)
             }
             #[no_mangle]
@@ -262,9 +232,7 @@ macro_rules! export_engine {
                 ffi::set_config::<$engine>(engine, model_id, key, value_json)
             }
             #[no_mangle]
-            pub unsafe extern "C" fn llmr_engine_last_error(
-                engine: *const abi::llmr_engine,
-            ) -> *const c_char {
+            pub unsafe extern "C" fn llmr_engine_last_error(engine: *const abi::llmr_engine) -> *const c_char {
                 ffi::last_error::<$engine>(engine)
             }
         };

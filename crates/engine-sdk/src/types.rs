@@ -33,22 +33,12 @@ impl Logger {
     }
     /// A logger that drops everything (for engines created without a log callback).
     pub fn disabled() -> Self {
-        Self {
-            log_fn: None,
-            user_data: std::ptr::null_mut(),
-        }
+        Self { log_fn: None, user_data: std::ptr::null_mut() }
     }
     pub fn log(&self, level: u32, message: &str) {
         if let Some(f) = self.log_fn {
             // SAFETY: message is valid for the duration of the call, as the header requires.
-            unsafe {
-                f(
-                    self.user_data,
-                    level,
-                    message.as_ptr().cast(),
-                    message.len(),
-                )
-            }
+            unsafe { f(self.user_data, level, message.as_ptr().cast(), message.len()) }
         }
     }
     pub fn error(&self, message: &str) {
@@ -154,11 +144,7 @@ pub struct TokenSink {
 
 impl TokenSink {
     pub(crate) fn new(callback: abi::llmr_token_fn, user_data: *mut c_void) -> Self {
-        Self {
-            callback,
-            user_data,
-            scratch: Vec::new(),
-        }
+        Self { callback, user_data, scratch: Vec::new() }
     }
 
     /// Hands one token to the host. Returns false when the host asks to cancel: the engine must
@@ -168,23 +154,18 @@ impl TokenSink {
             return true;
         };
         self.scratch.clear();
-        self.scratch
-            .extend(token.top.iter().map(|t| abi::llmr_top_logprob {
-                token_id: t.token_id,
-                logprob: t.logprob,
-                text: str_to_abi(t.text),
-            }));
+        self.scratch.extend(token.top.iter().map(|t| abi::llmr_top_logprob {
+            token_id: t.token_id,
+            logprob: t.logprob,
+            text: str_to_abi(t.text),
+        }));
         let raw = abi::llmr_token {
             struct_size: std::mem::size_of::<abi::llmr_token>() as u32,
             token_id: token.token_id,
             text: str_to_abi(token.text),
             logprob: token.logprob,
             top_count: self.scratch.len() as u32,
-            top: if self.scratch.is_empty() {
-                std::ptr::null()
-            } else {
-                self.scratch.as_ptr()
-            },
+            top: if self.scratch.is_empty() { std::ptr::null() } else { self.scratch.as_ptr() },
             timestamp_ns: token.timestamp_ns,
         };
         // SAFETY: `raw` and everything it points to outlive the call; the host copies what it keeps.
@@ -229,10 +210,7 @@ pub struct EmbeddingSink {
 
 impl EmbeddingSink {
     pub(crate) fn new(callback: abi::llmr_embedding_fn, user_data: *mut c_void) -> Self {
-        Self {
-            callback,
-            user_data,
-        }
+        Self { callback, user_data }
     }
     /// Delivers the embedding of input `index`. Returns false when the host asks to cancel.
     pub fn emit(&mut self, index: usize, values: &[f32]) -> bool {
@@ -269,10 +247,7 @@ pub struct SegmentSink {
 
 impl SegmentSink {
     pub(crate) fn new(callback: abi::llmr_segment_fn, user_data: *mut c_void) -> Self {
-        Self {
-            callback,
-            user_data,
-        }
+        Self { callback, user_data }
     }
     pub fn emit(&mut self, start_ms: u64, end_ms: u64, text: &str) -> bool {
         let Some(callback) = self.callback else {
@@ -308,10 +283,7 @@ pub struct AudioSink {
 
 impl AudioSink {
     pub(crate) fn new(callback: abi::llmr_audio_fn, user_data: *mut c_void) -> Self {
-        Self {
-            callback,
-            user_data,
-        }
+        Self { callback, user_data }
     }
     pub fn emit(&mut self, samples: &[f32], sample_rate: u32) -> bool {
         let Some(callback) = self.callback else {
@@ -345,39 +317,17 @@ pub struct ImageSink {
 
 impl ImageSink {
     pub(crate) fn new(callback: abi::llmr_image_fn, user_data: *mut c_void) -> Self {
-        Self {
-            callback,
-            user_data,
-        }
+        Self { callback, user_data }
     }
-    pub fn emit(
-        &mut self,
-        index: u32,
-        pixels: &[u8],
-        width: u32,
-        height: u32,
-        channels: u32,
-    ) -> bool {
+    pub fn emit(&mut self, index: u32, pixels: &[u8], width: u32, height: u32, channels: u32) -> bool {
         let Some(callback) = self.callback else {
             return true;
         };
         // SAFETY: `pixels` outlives the call.
-        unsafe {
-            callback(
-                self.user_data,
-                index,
-                pixels.as_ptr(),
-                width,
-                height,
-                channels,
-            )
-        }
+        unsafe { callback(self.user_data, index, pixels.as_ptr(), width, height, channels) }
     }
 }
 
 pub(crate) fn str_to_abi(s: &str) -> abi::llmr_str {
-    abi::llmr_str {
-        ptr: s.as_ptr().cast(),
-        len: s.len(),
-    }
+    abi::llmr_str { ptr: s.as_ptr().cast(), len: s.len() }
 }

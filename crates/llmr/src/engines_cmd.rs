@@ -53,10 +53,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     if !args.dir.is_dir() {
         anyhow::bail!("plugin directory {} does not exist", args.dir.display());
     }
-    let options = DiscoveryOptions {
-        gpu: detect_gpu(),
-        allow_cpu: !args.no_cpu,
-    };
+    let options = DiscoveryOptions { gpu: detect_gpu(), allow_cpu: !args.no_cpu };
     let mut registry = EngineRegistry::new();
     let found = discover(&args.dir, &options, &mut registry);
     let rows: Vec<serde_json::Value> = found
@@ -89,25 +86,14 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     println!(
         "plugins in {} (GPU: {gpu}, CPU plugins {})",
         args.dir.display(),
-        if options.allow_cpu {
-            "allowed"
-        } else {
-            "refused"
-        }
+        if options.allow_cpu { "allowed" } else { "refused" }
     );
     println!(
         "{:<14} {:<9} {:<8} {:<22} {:<20} {:<14} STATE",
         "ID", "VERSION", "FOLDER", "BACKENDS", "RUNTIMES", "FORMATS"
     );
     let join = |v: &serde_json::Value| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or("-".into())
+        v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or("-".into())
     };
     for row in &rows {
         let state = match row["reason"].as_str() {
@@ -133,12 +119,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let options = CheckOptions {
-        model: args.model,
-        format: None,
-        prompt: args.prompt,
-        threads: args.threads,
-    };
+    let options = CheckOptions { model: args.model, format: None, prompt: args.prompt, threads: args.threads };
     let checks = check_plugin(&args.plugin_dir, &options);
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for c in &checks {
@@ -163,9 +144,5 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         println!("{passed} passed, {failed} failed");
     }
-    Ok(if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

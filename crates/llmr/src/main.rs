@@ -6,11 +6,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(
-    name = "llmr",
-    version,
-    about = "Self-hosted OpenAI-compatible LLM serving with engine plugins"
-)]
+#[command(name = "llmr", version, about = "Self-hosted OpenAI-compatible LLM serving with engine plugins")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,9 +21,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("LLMR_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
-        )
+        .with_env_filter(EnvFilter::try_from_env("LLMR_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

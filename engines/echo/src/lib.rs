@@ -6,9 +6,8 @@
 //! prompt containing `PANIC_IN_INFER` panics inside `infer`, to test the panic boundary.
 
 use llmr_engine_sdk::{
-    abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine,
-    EngineConfig, EngineError, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest,
-    ModelDesc, Token, TokenSink, TopLogprob,
+    abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
+    EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,15 +55,8 @@ impl Engine for EchoEngine {
     }
 
     fn create(config: EngineConfig) -> Result<Self, EngineError> {
-        let delay = config
-            .params
-            .get("token_delay_ms")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0);
-        config.logger.info(&format!(
-            "echo engine created (slots {}, token delay {delay} ms)",
-            config.slots
-        ));
+        let delay = config.params.get("token_delay_ms").and_then(|v| v.as_u64()).unwrap_or(0);
+        config.logger.info(&format!("echo engine created (slots {}, token delay {delay} ms)", config.slots));
         Ok(EchoEngine {
             models: Mutex::default(),
             running: Mutex::default(),
@@ -77,16 +69,10 @@ impl Engine for EchoEngine {
 
     fn load_model(&self, desc: ModelDesc) -> Result<(), EngineError> {
         if !desc.primary_file.is_file() {
-            return Err(EngineError::load_failed(format!(
-                "model file not found: {}",
-                desc.primary_file.display()
-            )));
+            return Err(EngineError::load_failed(format!("model file not found: {}", desc.primary_file.display())));
         }
         if !self.models.lock().unwrap().insert(desc.model_id.clone()) {
-            return Err(EngineError::load_failed(format!(
-                "model '{}' is already loaded",
-                desc.model_id
-            )));
+            return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
         }
         Ok(())
     }
@@ -115,38 +101,23 @@ impl Engine for EchoEngine {
         _parse_special: bool,
     ) -> Result<Vec<i32>, EngineError> {
         self.require_model(model_id)?;
-        Ok(add_bos
-            .then_some(1)
-            .into_iter()
-            .chain(text.split_whitespace().map(word_id))
-            .collect())
+        Ok(add_bos.then_some(1).into_iter().chain(text.split_whitespace().map(word_id)).collect())
     }
 
-    fn infer(
-        &self,
-        req: &InferRequest<'_>,
-        sink: &mut TokenSink,
-    ) -> Result<InferOutcome, EngineError> {
+    fn infer(&self, req: &InferRequest<'_>, sink: &mut TokenSink) -> Result<InferOutcome, EngineError> {
         self.require_model(req.model_id)?;
         if req.prompt.contains("PANIC_IN_INFER") {
             panic!("the echo engine was asked to panic");
         }
         let cancelled = Arc::new(AtomicBool::new(false));
-        self.running
-            .lock()
-            .unwrap()
-            .insert(req.request_id, cancelled.clone());
+        self.running.lock().unwrap().insert(req.request_id, cancelled.clone());
         self.requests_total.fetch_add(1, Ordering::Relaxed);
         let outcome = self.generate(req, sink, &cancelled);
         self.running.lock().unwrap().remove(&req.request_id);
         outcome
     }
 
-    fn embed(
-        &self,
-        req: &EmbedRequest<'_>,
-        sink: &mut EmbeddingSink,
-    ) -> Result<EmbedOutcome, EngineError> {
+    fn embed(&self, req: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
         self.require_model(req.model_id)?;
         let mut tokens = 0;
         for (i, input) in req.inputs.iter().enumerate() {
@@ -163,9 +134,7 @@ impl Engine for EchoEngine {
                 return Err(EngineError::cancelled());
             }
         }
-        Ok(EmbedOutcome {
-            prompt_tokens: tokens,
-        })
+        Ok(EmbedOutcome { prompt_tokens: tokens })
     }
 
     fn cancel(&self, request_id: u64) -> Result<(), EngineError> {
@@ -185,12 +154,7 @@ impl Engine for EchoEngine {
         }))
     }
 
-    fn set_config(
-        &self,
-        _model_id: Option<&str>,
-        key: &str,
-        value: serde_json::Value,
-    ) -> Result<(), EngineError> {
+    fn set_config(&self, _model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
         match (key, value.as_u64()) {
             ("token_delay_ms", Some(ms)) => {
                 self.token_delay_ms.store(ms, Ordering::Relaxed);
@@ -217,21 +181,16 @@ impl EchoEngine {
     ) -> Result<InferOutcome, EngineError> {
         let start = Instant::now();
         let words: Vec<&str> = req.prompt.split_whitespace().collect();
+        let budget = req.max_tokens.map_or(words.len(), |m| (m as usize).min(words.len()));
         let delay = Duration::from_millis(self.token_delay_ms.load(Ordering::Relaxed));
         let mut text = String::new();
         let mut emitted = 0usize; // bytes of `text` already handed to the host
         let mut completion_tokens = 0u32;
-        let mut finish = FinishReason::Stop;
-        let alternatives: Vec<String> = (0..req.logprobs.unwrap_or(0))
-            .map(|i| format!(" alt{i}"))
-            .collect();
-        for (i, word) in words.iter().enumerate() {
+        let mut finish = if budget < words.len() { FinishReason::Length } else { FinishReason::Stop };
+        let alternatives: Vec<String> = (0..req.logprobs.unwrap_or(0)).map(|i| format!(" alt{i}")).collect();
+        for (i, word) in words[..budget].iter().enumerate() {
             if cancelled.load(Ordering::SeqCst) {
                 finish = FinishReason::Cancelled;
-                break;
-            }
-            if req.max_tokens.is_some_and(|m| completion_tokens >= m) {
-                finish = FinishReason::Length;
                 break;
             }
             if i > 0 {
@@ -240,17 +199,19 @@ impl EchoEngine {
             text.push_str(word);
             completion_tokens += 1;
             self.tokens_total.fetch_add(1, Ordering::Relaxed);
-            // A stop sequence ends generation; the matched text is never emitted.
+            let is_last = i + 1 == budget;
+            // A stop sequence ends generation and is never emitted; text that could still become
+            // one is held back until it cannot (or generation ends).
             let stop_at = req.stop.iter().filter_map(|s| text.find(s)).min();
-            let visible_end = stop_at.unwrap_or(text.len());
+            let visible_end = match stop_at {
+                Some(at) => at,
+                None if is_last => text.len(),
+                None => text.len() - held_back(&text, &req.stop),
+            };
             let top: Vec<TopLogprob<'_>> = alternatives
                 .iter()
                 .enumerate()
-                .map(|(k, t)| TopLogprob {
-                    token_id: 100 + k as i32,
-                    logprob: -1.0 - k as f32,
-                    text: t,
-                })
+                .map(|(k, t)| TopLogprob { token_id: 100 + k as i32, logprob: -1.0 - k as f32, text: t })
                 .collect();
             let token = Token {
                 token_id: word_id(word),
@@ -259,12 +220,13 @@ impl EchoEngine {
                 top: &top,
                 timestamp_ns: start.elapsed().as_nanos() as u64,
             };
-            emitted = visible_end;
+            emitted = emitted.max(visible_end);
             if !sink.emit(&token) {
                 finish = FinishReason::Cancelled;
                 break;
             }
             if stop_at.is_some() {
+                finish = FinishReason::Stop;
                 break;
             }
             if !delay.is_zero() {
@@ -280,6 +242,15 @@ impl EchoEngine {
             generation_ns: start.elapsed().as_nanos() as u64,
         })
     }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of some stop sequence.
+fn held_back(text: &str, stops: &[&str]) -> usize {
+    stops
+        .iter()
+        .flat_map(|s| (1..s.len()).rev().filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])).take(1))
+        .max()
+        .unwrap_or(0)
 }
 
 export_engine!(EchoEngine);

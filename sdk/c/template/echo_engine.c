@@ -26,9 +26,13 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* Tests build a copy with another major version to check that the host refuses it. */
+/* Tests build variants with another major version or id to check that the host refuses or
+ * tells them apart. */
 #ifndef ECHO_ABI_MAJOR
 #define ECHO_ABI_MAJOR LLMR_ENGINE_ABI_MAJOR
+#endif
+#ifndef ECHO_ENGINE_ID
+#define ECHO_ENGINE_ID "c_echo"
 #endif
 
 #define MAX_MODELS 16
@@ -64,7 +68,7 @@ static llmr_status fail(const llmr_engine *e, llmr_status code, const char *fmt,
 }
 
 static const llmr_engine_info INFO = {
-    sizeof(llmr_engine_info), ECHO_ABI_MAJOR, LLMR_ENGINE_ABI_MINOR, LLMR_CAP_TEXT, "c_echo", "0.1.0",
+    sizeof(llmr_engine_info), ECHO_ABI_MAJOR, LLMR_ENGINE_ABI_MINOR, LLMR_CAP_TEXT, ECHO_ENGINE_ID, "0.1.0",
 };
 
 LLMR_EXPORT const llmr_engine_info *llmr_engine_get_info(void) { return &INFO; }
@@ -244,6 +248,7 @@ LLMR_EXPORT llmr_status llmr_engine_infer(llmr_engine *e, const llmr_infer_reque
     uint32_t finish = LLMR_FINISH_STOP;
     const char *p = r->prompt.ptr;
     size_t n = r->prompt.len, i = 0;
+    size_t prev_end = 0; /* the text between words goes with the next word */
     int first = 1;
     while (i < n) {
         while (i < n && isspace((unsigned char)p[i])) i++;
@@ -254,9 +259,10 @@ LLMR_EXPORT llmr_status llmr_engine_infer(llmr_engine *e, const llmr_infer_reque
         if (finish != LLMR_FINISH_STOP) continue; /* keep counting prompt tokens */
         if (is_cancelled(e, slot)) { finish = LLMR_FINISH_CANCELLED; continue; }
         if (r->max_tokens && completion >= r->max_tokens) { finish = LLMR_FINISH_LENGTH; continue; }
-        /* The token text is the word with a leading space, except for the first. */
-        size_t start_off = first ? begin : begin - 1;
+        /* A token's text is the word with the whitespace before it, except for the first. */
+        size_t start_off = first ? begin : prev_end;
         first = 0;
+        prev_end = i;
         completion++;
         llmr_token tok = {sizeof(llmr_token), (int32_t)word_id(p + begin, i - begin),
                           {p + start_off, i - start_off}, 0.0f, 0, NULL, now_ns() - start};
