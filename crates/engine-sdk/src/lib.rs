@@ -19,6 +19,7 @@
 mod error;
 #[doc(hidden)]
 pub mod ffi;
+pub mod text;
 mod types;
 
 pub use error::{EngineError, ErrorCode};

@@ -20,7 +20,10 @@ fn list_shows_loaded_and_refused_plugins_with_reasons() {
     let (ok, out) = llmr(&["engines", "list", "--dir", root.path().to_str().unwrap()]);
     assert!(ok, "{out}");
     let echo = out.lines().find(|l| l.starts_with("echo ")).expect(&out);
-    assert!(echo.contains("0.1.0") && echo.contains("Echo") && echo.contains("gguf") && echo.ends_with("loaded"), "{echo}");
+    assert!(
+        echo.contains("0.1.0") && echo.contains("Echo") && echo.contains("gguf") && echo.ends_with("loaded"),
+        "{echo}"
+    );
     let ghost = out.lines().find(|l| l.starts_with("ghost ")).expect(&out);
     assert!(ghost.contains("refused: Binary not found:"), "{ghost}");
 
@@ -35,13 +38,19 @@ fn check_passes_for_the_rust_sdk_plugin_and_the_c_template() {
     let build = tempfile::tempdir().unwrap();
     let c_lib = build_c_template(build.path(), &[]);
     let model = dummy_model(root.path());
-    for dir in [install_echo(root.path()), install(root.path(), "c_echo", "cpu", &c_template_manifest(), Some(&c_lib))] {
+    for dir in [install_echo(root.path()), install(root.path(), "c_echo", "cpu", &c_template_manifest(), Some(&c_lib))]
+    {
         let (ok, out) = llmr(&["engines", "check", dir.to_str().unwrap(), "--model", model.to_str().unwrap()]);
         assert!(ok, "{out}");
         let last = out.lines().last().unwrap();
         assert!(last.ends_with(" passed, 0 failed"), "{out}");
         assert!(!out.contains("SKIP"), "{out}");
-        for check in ["infer: streaming", "infer: cancel from another thread", "unsupported calls", "bad arguments: NULL request"] {
+        for check in [
+            "infer: streaming",
+            "infer: cancel from another thread",
+            "unsupported calls",
+            "bad arguments: NULL request",
+        ] {
             assert!(out.lines().any(|l| l.starts_with("PASS") && l.contains(check)), "{check} missing:\n{out}");
         }
     }

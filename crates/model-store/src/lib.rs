@@ -1,1 +1,3 @@
-//! (in progress)
+//! The node's local model store.
+
+pub mod gguf;

@@ -1,1 +1,473 @@
-//! (in progress)
+//! The llama.cpp engine plugin: GGUF text generation with continuous batching and prefix
+//! caching, and embeddings, over the llmr engine ABI.
+//!
+//! Each loaded model gets a scheduler thread that owns its llama.cpp context (see
+//! `scheduler.rs`); `infer` tokenizes on the caller's thread, hands the job over, and streams
+//! the scheduler's token events into the host callback from the caller's thread.
+
+mod backend;
+mod embed;
+mod model;
+mod sampling;
+mod scheduler;
+mod settings;
+
+use llama_cpp_2::context::params::LlamaPoolingType;
+use llama_cpp_2::model::LlamaModel;
+use llmr_engine_sdk::{
+    abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
+    EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
+};
+use model::ModelMeta;
+use sampling::SamplingParams;
+use scheduler::{Command, Event, Job, Stats};
+use settings::{Change, ContextSettings, KvType, StepSettings};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Default slots when the host does not say.
+const DEFAULT_SLOTS: u32 = 4;
+/// The default context per sequence is the model's training context, capped here: a 32k-token
+/// model would otherwise reserve gigabytes of KV cache per slot that nobody asked for.
+const DEFAULT_CTX_CAP: u32 = 8192;
+const DEFAULT_PREFILL_CHUNK: u32 = 256;
+
+/// Monotonic nanoseconds since the plugin first needed a clock.
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A thread owning a context, fed through a channel; stopped and joined on drop.
+struct Worker<C> {
+    tx: Sender<C>,
+    thread: Option<JoinHandle<()>>,
+    stop: Option<C>,
+}
+
+impl<C> Worker<C> {
+    fn send(&self, cmd: C) -> Result<(), EngineError> {
+        self.tx.send(cmd).map_err(|_| EngineError::internal("the model's worker thread has stopped"))
+    }
+}
+
+impl<C> Drop for Worker<C> {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = self.tx.send(stop);
+        }
+        // Closing the channel ends a worker with no stop command (the embedder).
+        let (dead, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.tx, dead));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts a worker thread running `body` and waits until it reports whether it could start.
+fn spawn_worker<C: Send + 'static>(
+    name: String,
+    stop: Option<C>,
+    body: impl FnOnce(mpsc::Receiver<C>, Sender<Result<(), EngineError>>) + Send + 'static,
+) -> Result<Worker<C>, EngineError> {
+    let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || body(rx, ready_tx))
+        .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start a worker thread: {e}")))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(Worker { tx, thread: Some(thread), stop }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err(EngineError::internal("the worker thread stopped while starting"))
+        }
+    }
+}
+
+struct LoadedModel {
+    model: Arc<LlamaModel>,
+    meta: ModelMeta,
+    quantization: Option<String>,
+    settings: Mutex<ContextSettings>,
+    /// None for encoder-only models, which cannot generate.
+    scheduler: Mutex<Option<Worker<Command>>>,
+    embedder: Mutex<Option<Worker<embed::EmbedJob>>>,
+    stats: Arc<Stats>,
+}
+
+pub struct LlamaCppEngine {
+    config: EngineConfig,
+    /// Settings applied to models loaded from now on (set_config without a model id).
+    defaults: Mutex<(Option<KvType>, Option<u32>, u32)>,
+    models: RwLock<HashMap<String, Arc<LoadedModel>>>,
+    running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+}
+
+impl LlamaCppEngine {
+    fn model(&self, id: &str) -> Result<Arc<LoadedModel>, EngineError> {
+        self.models.read().unwrap().get(id).cloned().ok_or_else(|| EngineError::model_not_loaded(id))
+    }
+
+    fn threads(&self) -> u32 {
+        if self.config.threads > 0 {
+            self.config.threads
+        } else {
+            settings::default_threads()
+        }
+    }
+
+    fn gpu_layers(&self) -> u32 {
+        if self.config.gpu_backend == abi::LLMR_GPU_CPU {
+            0
+        } else {
+            999
+        }
+    }
+
+    fn embedder(&self, m: &LoadedModel) -> Result<(), EngineError> {
+        let mut guard = m.embedder.lock().unwrap();
+        if guard.is_some() {
+            return Ok(());
+        }
+        let pooling = if m.meta.is_encoder && m.meta.pooling != LlamaPoolingType::None {
+            m.meta.pooling
+        } else if m.meta.is_encoder {
+            LlamaPoolingType::Cls
+        } else {
+            LlamaPoolingType::Last
+        };
+        let n_ctx = m.meta.train_ctx.clamp(64, DEFAULT_CTX_CAP);
+        let settings = embed::EmbedSettings { pooling, n_ctx, threads: m.settings.lock().unwrap().threads };
+        let model = m.model.clone();
+        *guard =
+            Some(spawn_worker("llmr-embed".into(), None, move |rx, ready| embed::run(&model, settings, rx, ready))?);
+        Ok(())
+    }
+
+    /// Runs one generation; `cancel` is the flag `cancel(request_id)` sets.
+    fn generate(
+        &self,
+        m: &LoadedModel,
+        req: &InferRequest<'_>,
+        sink: &mut TokenSink,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<InferOutcome, EngineError> {
+        let ctx_per_seq = m.settings.lock().unwrap().ctx_per_seq as usize;
+        let tokens = model::tokenize(&m.model, req.prompt, req.add_bos, req.parse_special);
+        if tokens.is_empty() {
+            return Err(EngineError::new(ErrorCode::Unsupported, "the prompt is empty"));
+        }
+        if tokens.len() >= ctx_per_seq {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                format!("the prompt has {} tokens; the context per sequence is {ctx_per_seq}", tokens.len()),
+            ));
+        }
+        let room = (ctx_per_seq - tokens.len()) as u32;
+        let (tx, rx) = mpsc::channel();
+        let job = Job {
+            request_id: req.request_id,
+            max_tokens: req.max_tokens.map_or(room, |m| m.min(room)),
+            sampling: SamplingParams {
+                temperature: req.temperature,
+                top_p: req.top_p,
+                top_k: req.top_k,
+                min_p: req.min_p,
+                repeat_penalty: req.repeat_penalty,
+                presence_penalty: req.presence_penalty,
+                frequency_penalty: req.frequency_penalty,
+                seed: req.seed,
+            },
+            stop: req.stop.iter().map(|s| s.to_string()).collect(),
+            ignore_eos: req.ignore_eos,
+            top_logprobs: req.logprobs,
+            tokens,
+            events: tx,
+            cancel: cancel.clone(),
+        };
+        {
+            let scheduler = m.scheduler.lock().unwrap();
+            let worker = scheduler.as_ref().ok_or_else(|| EngineError::model_not_loaded(req.model_id))?;
+            worker.send(Command::Infer(job))?;
+        }
+        let mut stopped_by_host = false;
+        loop {
+            match rx.recv() {
+                Ok(Event::Token(t)) if !stopped_by_host => {
+                    let top: Vec<TopLogprob<'_>> =
+                        t.top.iter().map(|(id, lp, text)| TopLogprob { token_id: *id, logprob: *lp, text }).collect();
+                    let token =
+                        Token { token_id: t.id, text: &t.text, logprob: t.logprob, top: &top, timestamp_ns: t.t_ns };
+                    if !sink.emit(&token) {
+                        stopped_by_host = true;
+                        cancel.store(true, Ordering::SeqCst);
+                    }
+                }
+                Ok(Event::Token(_)) => {}
+                Ok(Event::Done(mut outcome)) => {
+                    if stopped_by_host {
+                        outcome.finish_reason = FinishReason::Cancelled;
+                    }
+                    return Ok(outcome);
+                }
+                Ok(Event::Failed(e)) => return Err(e),
+                Err(_) => return Err(EngineError::internal("the model's scheduler stopped mid-request")),
+            }
+        }
+    }
+}
+
+impl Engine for LlamaCppEngine {
+    fn info() -> &'static EngineInfo {
+        static INFO: EngineInfo = EngineInfo {
+            engine_id: c"llama_cpp",
+            version: c"0.1.0",
+            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING,
+        };
+        &INFO
+    }
+
+    fn create(config: EngineConfig) -> Result<Self, EngineError> {
+        if config.gpu_backend != abi::LLMR_GPU_CPU && !cfg!(any(feature = "cuda", feature = "metal")) {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                "this build of the llama_cpp plugin was compiled without GPU support (features cuda / metal)",
+            ));
+        }
+        backend::set_logger(config.logger);
+        backend::backend();
+        let chunk = config
+            .params
+            .get("prefill_chunk")
+            .and_then(|v| v.as_u64())
+            .map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1, 65536) as u32);
+        Ok(LlamaCppEngine {
+            config,
+            defaults: Mutex::new((None, None, chunk)),
+            models: RwLock::default(),
+            running: Mutex::default(),
+        })
+    }
+
+    fn load_model(&self, desc: ModelDesc) -> Result<(), EngineError> {
+        if self.models.read().unwrap().contains_key(&desc.model_id) {
+            return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
+        }
+        let started = Instant::now();
+        let model = Arc::new(model::load(&desc.primary_file, self.gpu_layers())?);
+        let meta = model::read_meta(&model, &desc.primary_file);
+        let (kv, threads, chunk) = *self.defaults.lock().unwrap();
+        let requested_ctx = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };
+        let ctx_per_seq = if requested_ctx > 0 { requested_ctx } else { meta.train_ctx.min(DEFAULT_CTX_CAP) };
+        let settings = ContextSettings {
+            slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
+            ctx_per_seq: ctx_per_seq.max(16),
+            threads: threads.unwrap_or_else(|| self.threads()),
+            kv_type: kv.unwrap_or(KvType::F16),
+        };
+        let stats = Arc::new(Stats::default());
+        let scheduler = if meta.is_encoder {
+            None
+        } else {
+            let (m, st, logger) = (model.clone(), stats.clone(), self.config.logger);
+            let step = StepSettings { prefill_chunk: chunk };
+            Some(spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
+                scheduler::run(&m, settings, step, rx, st, logger, ready)
+            })?)
+        };
+        self.config.logger.info(&format!(
+            "loaded {} ({}, {} params) in {:.0} ms: {} slots x {} tokens, kv {}, {} threads",
+            desc.model_id,
+            meta.architecture,
+            meta.n_params,
+            started.elapsed().as_secs_f64() * 1e3,
+            settings.slots,
+            settings.ctx_per_seq,
+            settings.kv_type.name(),
+            settings.threads
+        ));
+        let loaded = Arc::new(LoadedModel {
+            model,
+            meta,
+            quantization: desc.quantization.clone(),
+            settings: Mutex::new(settings),
+            scheduler: Mutex::new(scheduler),
+            embedder: Mutex::new(None),
+            stats,
+        });
+        let mut models = self.models.write().unwrap();
+        if models.contains_key(&desc.model_id) {
+            return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
+        }
+        models.insert(desc.model_id, loaded);
+        Ok(())
+    }
+
+    fn unload_model(&self, model_id: &str) -> Result<(), EngineError> {
+        let m = self.models.write().unwrap().remove(model_id).ok_or_else(|| EngineError::model_not_loaded(model_id))?;
+        // Cancels what is running and joins the threads; the weights go with the last Arc.
+        drop(m.scheduler.lock().unwrap().take());
+        drop(m.embedder.lock().unwrap().take());
+        Ok(())
+    }
+
+    fn model_info(&self, model_id: &str) -> Result<serde_json::Value, EngineError> {
+        let m = self.model(model_id)?;
+        let s = *m.settings.lock().unwrap();
+        Ok(serde_json::json!({
+            "architecture": m.meta.architecture,
+            "context_length": s.ctx_per_seq,
+            "train_context_length": m.meta.train_ctx,
+            "vocab_size": m.meta.n_vocab,
+            "embedding_length": m.meta.n_embd,
+            "bos_token": m.meta.bos_token,
+            "eos_token": m.meta.eos_token,
+            "chat_template": m.meta.chat_template,
+            "pooling": model::pooling_name(m.meta.pooling),
+            "quantization": m.quantization,
+            "size_bytes": m.meta.size_bytes,
+            "parameters": m.meta.n_params,
+            "slots": s.slots,
+            "kv_cache_type": s.kv_type.name(),
+            "threads": s.threads,
+            "capabilities": if m.meta.is_encoder { vec!["embedding"] } else { vec!["text", "embedding"] },
+        }))
+    }
+
+    fn tokenize(
+        &self,
+        model_id: &str,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        let m = self.model(model_id)?;
+        Ok(model::tokenize(&m.model, text, add_bos, parse_special).into_iter().map(|t| t.0).collect())
+    }
+
+    fn infer(&self, req: &InferRequest<'_>, sink: &mut TokenSink) -> Result<InferOutcome, EngineError> {
+        let m = self.model(req.model_id)?;
+        if m.meta.is_encoder {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                format!(
+                    "model '{}' ({}) is an embedding model and cannot generate text",
+                    req.model_id, m.meta.architecture
+                ),
+            ));
+        }
+        let flag = Arc::new(AtomicBool::new(false));
+        self.running.lock().unwrap().insert(req.request_id, flag.clone());
+        let outcome = self.generate(&m, req, sink, flag);
+        self.running.lock().unwrap().remove(&req.request_id);
+        outcome
+    }
+
+    fn embed(&self, req: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
+        let m = self.model(req.model_id)?;
+        self.embedder(&m)?;
+        let inputs: Vec<_> = req.inputs.iter().map(|t| model::tokenize(&m.model, t, true, false)).collect();
+        if let Some(i) = inputs.iter().position(|t| t.is_empty()) {
+            return Err(EngineError::new(ErrorCode::Unsupported, format!("input {i} is empty")));
+        }
+        let prompt_tokens = inputs.iter().map(|t| t.len() as u32).sum();
+        let (tx, rx) = mpsc::channel();
+        m.embedder.lock().unwrap().as_ref().expect("started above").send(embed::EmbedJob {
+            inputs,
+            normalize: req.normalize,
+            reply: tx,
+        })?;
+        let vectors = rx.recv().map_err(|_| EngineError::internal("the embedding worker stopped"))??;
+        for (i, v) in vectors.iter().enumerate() {
+            if !sink.emit(i, v) {
+                return Err(EngineError::cancelled());
+            }
+        }
+        Ok(EmbedOutcome { prompt_tokens })
+    }
+
+    fn cancel(&self, request_id: u64) -> Result<(), EngineError> {
+        if let Some(flag) = self.running.lock().unwrap().get(&request_id) {
+            flag.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn metrics(&self) -> Result<serde_json::Value, EngineError> {
+        let models = self.models.read().unwrap();
+        let per_model: Vec<serde_json::Value> = models
+            .iter()
+            .map(|(id, m)| {
+                let s = &m.stats;
+                let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                let settings = *m.settings.lock().unwrap();
+                serde_json::json!({
+                    "model": id,
+                    "slots_total": settings.slots,
+                    "slots_busy": get(&s.slots_busy),
+                    "queued": get(&s.queued),
+                    "requests_total": get(&s.requests_total),
+                    "prompt_tokens_total": get(&s.prompt_tokens_total),
+                    "cached_tokens_total": get(&s.cached_tokens_total),
+                    "tokens_generated_total": get(&s.tokens_generated_total),
+                    "decode_steps_total": get(&s.decode_steps_total),
+                    "kv_cells_used": get(&s.kv_cells_used),
+                    "kv_cells_total": get(&s.kv_cells_total),
+                    "kv_cache_type": settings.kv_type.name(),
+                })
+            })
+            .collect();
+        let sum = |key: &str| per_model.iter().filter_map(|m| m[key].as_u64()).sum::<u64>();
+        Ok(serde_json::json!({
+            "slots_total": sum("slots_total"),
+            "slots_busy": sum("slots_busy"),
+            "requests_total": sum("requests_total"),
+            "tokens_generated_total": sum("tokens_generated_total"),
+            "kv_cells_used": sum("kv_cells_used"),
+            "kv_cells_total": sum("kv_cells_total"),
+            "models": per_model,
+        }))
+    }
+
+    fn set_config(&self, model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
+        let change = settings::parse_change(key, &value)?;
+        let targets: Vec<Arc<LoadedModel>> = match model_id {
+            Some(id) => vec![self.model(id)?],
+            None => {
+                let mut d = self.defaults.lock().unwrap();
+                match change {
+                    Change::KvType(t) => d.0 = Some(t),
+                    Change::Threads(n) => d.1 = Some(n),
+                    Change::PrefillChunk(n) => d.2 = n,
+                }
+                self.models.read().unwrap().values().cloned().collect()
+            }
+        };
+        for m in targets {
+            {
+                let mut s = m.settings.lock().unwrap();
+                match change {
+                    Change::KvType(t) => s.kv_type = t,
+                    Change::Threads(n) => s.threads = n,
+                    Change::PrefillChunk(_) => {}
+                }
+            }
+            if let Some(w) = m.scheduler.lock().unwrap().as_ref() {
+                w.send(Command::Change(change))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+export_engine!(LlamaCppEngine);

@@ -1,0 +1,60 @@
+//! The process-wide llama.cpp backend and its log forwarding.
+//!
+//! llama.cpp has one global log callback, so logs go to the logger of the most recently created
+//! instance (in practice a node has one instance per plugin). The last error line is kept so
+//! that a failed model load can say why (llama.cpp only returns NULL).
+
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llmr_engine_sdk::Logger;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::{Mutex, OnceLock};
+
+static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
+static LOGGER: Mutex<Option<Logger>> = Mutex::new(None);
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+
+pub fn backend() -> &'static LlamaBackend {
+    BACKEND.get_or_init(|| {
+        let backend = LlamaBackend::init().expect("llama.cpp backend initialises once per process");
+        // SAFETY: the callback is a plain function valid for the life of the process.
+        unsafe { llama_cpp_sys_2::llama_log_set(Some(forward_log), std::ptr::null_mut()) };
+        backend
+    })
+}
+
+pub fn set_logger(logger: Logger) {
+    *LOGGER.lock().unwrap() = Some(logger);
+}
+
+/// Forgets the last error line; call before an operation whose failure should be explained.
+pub fn clear_last_error() {
+    LAST_ERROR.lock().unwrap().clear();
+}
+
+/// The last error line llama.cpp logged since `clear_last_error`.
+pub fn last_error() -> String {
+    LAST_ERROR.lock().unwrap().clone()
+}
+
+unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    let text = CStr::from_ptr(text).to_string_lossy();
+    let line = text.trim_end();
+    if line.is_empty() {
+        return;
+    }
+    let level = match level {
+        llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR => {
+            *LAST_ERROR.lock().unwrap() = line.to_string();
+            llmr_engine_sdk::abi::LLMR_LOG_ERROR
+        }
+        llama_cpp_sys_2::GGML_LOG_LEVEL_WARN => llmr_engine_sdk::abi::LLMR_LOG_WARN,
+        llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => llmr_engine_sdk::abi::LLMR_LOG_DEBUG,
+        _ => llmr_engine_sdk::abi::LLMR_LOG_TRACE,
+    };
+    if let Some(logger) = LOGGER.lock().unwrap().as_ref() {
+        logger.log(level, line);
+    }
+}

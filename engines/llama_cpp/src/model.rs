@@ -1,0 +1,107 @@
+//! Loading a GGUF file and reading what the host needs from its header.
+
+use crate::backend;
+use llama_cpp_2::context::params::LlamaPoolingType;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use llmr_engine_sdk::{EngineError, ErrorCode};
+use std::io::Read;
+use std::path::Path;
+
+/// Facts about a loaded model, read once from its GGUF header.
+#[derive(Clone, Debug)]
+pub struct ModelMeta {
+    pub architecture: String,
+    pub train_ctx: u32,
+    pub n_vocab: i32,
+    pub n_embd: i32,
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pooling: LlamaPoolingType,
+    /// Encoder-only (BERT-like): used for embeddings, never for generation.
+    pub is_encoder: bool,
+    pub size_bytes: u64,
+    pub n_params: u64,
+}
+
+fn corrupt(path: &Path, why: String) -> EngineError {
+    EngineError::new(ErrorCode::ModelCorrupt, format!("{} is a damaged GGUF file: {why}", path.display()))
+}
+
+/// Refuses what is not a GGUF file before llama.cpp sees it, so that "wrong file" (LOAD_FAILED)
+/// and "damaged file" (MODEL_CORRUPT) are told apart.
+fn check_gguf(path: &Path) -> Result<(), EngineError> {
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| EngineError::load_failed(format!("cannot open model file {}: {e}", path.display())))?;
+    let mut magic = [0u8; 4];
+    match file.read_exact(&mut magic) {
+        Ok(()) if &magic == b"GGUF" => Ok(()),
+        Ok(()) => {
+            Err(EngineError::load_failed(format!("{} is not a GGUF file (magic {:02x?})", path.display(), magic)))
+        }
+        Err(_) => {
+            Err(EngineError::load_failed(format!("{} is not a GGUF file (shorter than 4 bytes)", path.display())))
+        }
+    }
+}
+
+pub fn load(path: &Path, gpu_layers: u32) -> Result<LlamaModel, EngineError> {
+    check_gguf(path)?;
+    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    backend::clear_last_error();
+    LlamaModel::load_from_file(backend::backend(), path, &params).map_err(|e| {
+        let why = backend::last_error();
+        corrupt(path, if why.is_empty() { e.to_string() } else { why })
+    })
+}
+
+fn meta(model: &LlamaModel, key: &str) -> Option<String> {
+    model.meta_val_str(key).ok().filter(|s| !s.is_empty())
+}
+
+fn token_text(model: &LlamaModel, token: LlamaToken) -> Option<String> {
+    (token.0 >= 0).then(|| String::from_utf8_lossy(&model.vocab().token_to_piece(token, true, None)).into_owned())
+}
+
+pub fn read_meta(model: &LlamaModel, path: &Path) -> ModelMeta {
+    let architecture = meta(model, "general.architecture").unwrap_or_else(|| "unknown".into());
+    let pooling = match meta(model, &format!("{architecture}.pooling_type")).and_then(|v| v.parse::<i32>().ok()) {
+        Some(1) => LlamaPoolingType::Mean,
+        Some(2) => LlamaPoolingType::Cls,
+        Some(3) => LlamaPoolingType::Last,
+        Some(4) => LlamaPoolingType::Rank,
+        _ => LlamaPoolingType::None,
+    };
+    let causal = meta(model, &format!("{architecture}.attention.causal")).is_none_or(|v| v != "false");
+    let vocab = model.vocab();
+    ModelMeta {
+        train_ctx: model.n_ctx_train(),
+        n_vocab: model.n_vocab(),
+        n_embd: model.n_embd(),
+        chat_template: meta(model, "tokenizer.chat_template"),
+        bos_token: token_text(model, vocab.bos()),
+        eos_token: token_text(model, vocab.eos()),
+        pooling,
+        is_encoder: !causal,
+        size_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        n_params: model.n_params(),
+        architecture,
+    }
+}
+
+/// Tokenizes with the model's own tokenizer.
+pub fn tokenize(model: &LlamaModel, text: &str, add_bos: bool, parse_special: bool) -> Vec<LlamaToken> {
+    model.vocab().tokenize(text.as_bytes(), add_bos, parse_special)
+}
+
+pub fn pooling_name(p: LlamaPoolingType) -> &'static str {
+    match p {
+        LlamaPoolingType::Mean => "mean",
+        LlamaPoolingType::Cls => "cls",
+        LlamaPoolingType::Last => "last",
+        LlamaPoolingType::Rank => "rank",
+        _ => "none",
+    }
+}

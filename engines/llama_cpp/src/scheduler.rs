@@ -1,0 +1,608 @@
+//! Continuous batching: one thread per model owns the llama.cpp context and its slots.
+//!
+//! Every step builds one batch from (a) the last sampled token of every generating sequence and
+//! (b) at most `prefill_chunk` prompt tokens of sequences still reading their prompt, decodes it
+//! once, and samples for every sequence that produced logits. New requests join between steps.
+//! The KV cache is unified: a new request starts from the longest token prefix any slot holds,
+//! copied by reference (`seq_cp`), so shared system prompts are processed once.
+
+use crate::sampling::{logprobs, SamplingParams, TokenSampler};
+use crate::settings::{Change, ContextSettings, StepSettings};
+use crate::{backend, clock_ns};
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::DecodeError;
+use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
+use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, InferOutcome, Logger};
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A generation request, tokenized by the caller.
+pub struct Job {
+    pub request_id: u64,
+    pub tokens: Vec<LlamaToken>,
+    pub max_tokens: u32,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub top_logprobs: Option<u32>,
+    pub events: Sender<Event>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+pub struct TokenEvent {
+    pub id: i32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(i32, f32, String)>,
+    pub t_ns: u64,
+}
+
+pub enum Event {
+    Token(TokenEvent),
+    Done(InferOutcome),
+    Failed(EngineError),
+}
+
+pub enum Command {
+    Infer(Job),
+    Change(Change),
+    Shutdown,
+}
+
+/// Counters shared with `get_metrics`.
+#[derive(Default)]
+pub struct Stats {
+    pub slots_busy: AtomicU64,
+    pub queued: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub prompt_tokens_total: AtomicU64,
+    pub cached_tokens_total: AtomicU64,
+    pub tokens_generated_total: AtomicU64,
+    pub kv_cells_used: AtomicU64,
+    pub kv_cells_total: AtomicU64,
+    pub decode_steps_total: AtomicU64,
+}
+
+struct Active {
+    job: Job,
+    /// Next prompt token to feed; == job.tokens.len() once the prompt is in the cache.
+    next_prompt: usize,
+    cached_prompt: usize,
+    sampler: TokenSampler,
+    /// Sampled but not yet fed to the model.
+    pending: Option<LlamaToken>,
+    /// Index in the current batch whose logits this slot samples from.
+    batch_idx: Option<i32>,
+    generated: u32,
+    utf8: Utf8Stream,
+    stops: StopMatcher,
+    piece: Vec<u8>,
+    started: Instant,
+    first_token: Option<Instant>,
+}
+
+/// A slot's state before a step, to undo the step if decoding fails.
+struct Snapshot {
+    cached: usize,
+    next_prompt: usize,
+    pending: Option<LlamaToken>,
+}
+
+struct Slot {
+    seq: i32,
+    /// Tokens whose KV this sequence holds, at positions 0..len.
+    cached: Vec<LlamaToken>,
+    active: Option<Active>,
+    /// Step at which the slot last finished (for picking which idle cache to overwrite).
+    last_used: u64,
+}
+
+pub struct Scheduler<'m> {
+    model: &'m LlamaModel,
+    ctx: LlamaContext<'m>,
+    settings: ContextSettings,
+    step: StepSettings,
+    slots: Vec<Slot>,
+    queue: VecDeque<Job>,
+    batch: LlamaBatch<'static>,
+    pending_changes: Vec<Change>,
+    stats: Arc<Stats>,
+    logger: Logger,
+    steps: u64,
+}
+
+pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
+    let n_ctx = s.ctx_per_seq.saturating_mul(s.slots).max(s.ctx_per_seq);
+    LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_batch(2048)
+        .with_n_ubatch(512)
+        .with_n_seq_max(s.slots)
+        .with_kv_unified(true)
+        .with_n_threads(s.threads as i32)
+        .with_n_threads_batch(s.threads as i32)
+        .with_type_k(s.kv_type.llama())
+        .with_type_v(s.kv_type.llama())
+        .with_no_perf(true)
+}
+
+fn create_context<'m>(model: &'m LlamaModel, s: &ContextSettings) -> Result<LlamaContext<'m>, EngineError> {
+    backend::clear_last_error();
+    model.new_context(backend::backend(), context_params(s)).map_err(|e| {
+        let why = backend::last_error();
+        EngineError::new(
+            ErrorCode::OomRam,
+            format!(
+                "cannot create a context of {} x {} tokens: {}",
+                s.slots,
+                s.ctx_per_seq,
+                if why.is_empty() { e.to_string() } else { why }
+            ),
+        )
+    })
+}
+
+/// Runs the scheduler until `Shutdown` or until every sender is gone. `ready` learns whether
+/// the context could be created.
+pub fn run(
+    model: &LlamaModel,
+    settings: ContextSettings,
+    step: StepSettings,
+    commands: Receiver<Command>,
+    stats: Arc<Stats>,
+    logger: Logger,
+    ready: Sender<Result<(), EngineError>>,
+) {
+    let ctx = match create_context(model, &settings) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut s = Scheduler {
+        model,
+        ctx,
+        settings,
+        step,
+        slots: Vec::new(),
+        queue: VecDeque::new(),
+        batch: LlamaBatch::new(0, 1),
+        pending_changes: Vec::new(),
+        stats,
+        logger,
+        steps: 0,
+    };
+    s.reset_slots();
+    s.run_loop(commands);
+}
+
+impl<'m> Scheduler<'m> {
+    fn reset_slots(&mut self) {
+        self.slots = (0..self.settings.slots as i32)
+            .map(|seq| Slot { seq, cached: Vec::new(), active: None, last_used: 0 })
+            .collect();
+        self.batch = LlamaBatch::new(
+            self.step.prefill_chunk as usize + self.settings.slots as usize,
+            self.settings.slots as i32,
+        );
+        self.stats
+            .kv_cells_total
+            .store(u64::from(self.settings.ctx_per_seq) * u64::from(self.settings.slots), Ordering::Relaxed);
+    }
+
+    fn busy(&self) -> bool {
+        self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty()
+    }
+
+    fn run_loop(&mut self, commands: Receiver<Command>) {
+        loop {
+            // Block only when there is nothing to do.
+            if !self.busy() {
+                self.apply_changes();
+                match commands.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = commands.try_recv() {
+                if !self.handle(cmd) {
+                    return;
+                }
+            }
+            self.drop_cancelled();
+            if !self.slots.iter().any(|s| s.active.is_some()) {
+                self.apply_changes();
+            }
+            self.admit();
+            self.stats.queued.store(self.queue.len() as u64, Ordering::Relaxed);
+            if self.slots.iter().any(|s| s.active.is_some()) {
+                self.step_once();
+            }
+        }
+    }
+
+    /// Returns false on shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Infer(job) => {
+                self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+                self.queue.push_back(job);
+                true
+            }
+            Command::Change(Change::PrefillChunk(n)) => {
+                self.step.prefill_chunk = n;
+                self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
+                true
+            }
+            Command::Change(c) => {
+                self.pending_changes.push(c);
+                true
+            }
+            Command::Shutdown => {
+                for job in self.queue.drain(..) {
+                    let _ = job.events.send(Event::Failed(EngineError::cancelled()));
+                }
+                let idx: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_some()).collect();
+                for i in idx {
+                    self.finish(i, FinishReason::Cancelled);
+                }
+                false
+            }
+        }
+    }
+
+    /// Context-shaping changes wait until no sequence is running, then rebuild the context.
+    fn apply_changes(&mut self) {
+        if self.pending_changes.is_empty() {
+            return;
+        }
+        let mut next = self.settings;
+        for c in self.pending_changes.drain(..) {
+            match c {
+                Change::KvType(t) => next.kv_type = t,
+                Change::Threads(n) => next.threads = n,
+                Change::PrefillChunk(_) => {}
+            }
+        }
+        if next == self.settings {
+            return;
+        }
+        match create_context(self.model, &next) {
+            Ok(ctx) => {
+                self.ctx = ctx;
+                self.settings = next;
+                self.reset_slots();
+                self.logger.info(&format!("context rebuilt: kv {} threads {}", next.kv_type.name(), next.threads));
+            }
+            Err(e) => self.logger.error(&format!("keeping the old context: {}", e.message)),
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let idx: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].active.as_ref().is_some_and(|a| a.job.cancel.load(Ordering::SeqCst)))
+            .collect();
+        for i in idx {
+            self.finish(i, FinishReason::Cancelled);
+        }
+        self.queue.retain(|job| {
+            let cancelled = job.cancel.load(Ordering::SeqCst);
+            if cancelled {
+                let _ = job.events.send(Event::Done(InferOutcome {
+                    finish_reason: FinishReason::Cancelled,
+                    prompt_tokens: job.tokens.len() as u32,
+                    completion_tokens: 0,
+                    cached_tokens: 0,
+                    prompt_eval_ns: 0,
+                    generation_ns: 0,
+                }));
+            }
+            !cancelled
+        });
+    }
+
+    /// Moves queued jobs into free slots, reusing the longest cached prefix.
+    fn admit(&mut self) {
+        while let Some(target) = self.free_slot_for(self.queue.front().map(|j| &j.tokens[..])) {
+            let job = self.queue.pop_front().expect("checked by free_slot_for");
+            let reused = self.reuse_prefix(target, &job.tokens);
+            let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab());
+            let stops = StopMatcher::new(job.stop.iter().cloned());
+            self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
+            self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
+            self.slots[target].active = Some(Active {
+                next_prompt: reused,
+                cached_prompt: reused,
+                sampler,
+                pending: None,
+                batch_idx: None,
+                generated: 0,
+                utf8: Utf8Stream::default(),
+                stops,
+                piece: Vec::with_capacity(16),
+                started: Instant::now(),
+                first_token: None,
+                job,
+            });
+        }
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
+    }
+
+    /// The free slot a job should take: the one whose cache shares the longest prefix with it,
+    /// else the least recently used.
+    fn free_slot_for(&self, tokens: Option<&[LlamaToken]>) -> Option<usize> {
+        let tokens = tokens?;
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_none())
+            .max_by_key(|(_, s)| (common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used)))
+            .map(|(i, _)| i)
+    }
+
+    /// Prepares slot `target` for `tokens` and returns how many leading tokens are already in
+    /// its cache. At least one prompt token is always decoded, to get logits.
+    fn reuse_prefix(&mut self, target: usize, tokens: &[LlamaToken]) -> usize {
+        let limit = tokens.len().saturating_sub(1);
+        let own = common_prefix(&self.slots[target].cached, tokens).min(limit);
+        let (best_src, best) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != target)
+            .map(|(i, s)| (i, common_prefix(&s.cached, tokens).min(limit)))
+            .max_by_key(|(_, n)| *n)
+            .unwrap_or((target, 0));
+        let seq = self.slots[target].seq;
+        if best > own {
+            // Share the other sequence's cells for the prefix (no copy of the data).
+            let src = self.slots[best_src].seq;
+            let copied = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).is_ok()
+                && self.ctx.kv_cache_seq_cp(src, seq, Some(0), Some(best as u32)).is_ok();
+            if copied {
+                self.slots[target].cached = tokens[..best].to_vec();
+                return best;
+            }
+        }
+        if self.ctx.kv_cache_seq_rm(seq, Some(own as u32), None).is_ok() {
+            self.slots[target].cached.truncate(own);
+            own
+        } else {
+            // Some caches (sliding window, recurrent) cannot drop a suffix: start over.
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            self.slots[target].cached.clear();
+            0
+        }
+    }
+
+    fn build_batch(&mut self) {
+        self.batch.clear();
+        let mut n = 0i32;
+        for slot in self.slots.iter_mut() {
+            let Some(a) = slot.active.as_mut() else { continue };
+            a.batch_idx = None;
+            if let Some(tok) = a.pending.take() {
+                self.batch.add(tok, slot.cached.len() as i32, &[slot.seq], true).expect("batch sized for every slot");
+                slot.cached.push(tok);
+                a.batch_idx = Some(n);
+                n += 1;
+            }
+        }
+        // Prompt chunks, oldest request first.
+        let mut budget = self.step.prefill_chunk as usize;
+        let mut order: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].active.as_ref().is_some_and(|a| a.next_prompt < a.job.tokens.len()))
+            .collect();
+        order.sort_by_key(|&i| self.slots[i].active.as_ref().map(|a| a.started));
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let slot = &mut self.slots[i];
+            let a = slot.active.as_mut().expect("filtered above");
+            let end = (a.next_prompt + budget).min(a.job.tokens.len());
+            for p in a.next_prompt..end {
+                let last = p + 1 == a.job.tokens.len();
+                self.batch
+                    .add(a.job.tokens[p], slot.cached.len() as i32, &[slot.seq], last)
+                    .expect("batch sized for the chunk");
+                slot.cached.push(a.job.tokens[p]);
+                if last {
+                    a.batch_idx = Some(n);
+                }
+                n += 1;
+            }
+            budget -= end - a.next_prompt;
+            a.next_prompt = end;
+        }
+    }
+
+    fn step_once(&mut self) {
+        let before: Vec<Snapshot> = self
+            .slots
+            .iter()
+            .map(|s| Snapshot {
+                cached: s.cached.len(),
+                next_prompt: s.active.as_ref().map_or(0, |a| a.next_prompt),
+                pending: s.active.as_ref().and_then(|a| a.pending),
+            })
+            .collect();
+        self.build_batch();
+        if self.batch.n_tokens() == 0 {
+            return;
+        }
+        match self.ctx.decode(&mut self.batch) {
+            Ok(()) => {}
+            Err(DecodeError::NoKvCacheSlot) => {
+                self.rollback(&before);
+                self.make_room();
+                return;
+            }
+            Err(e) => {
+                self.rollback(&before);
+                let idx: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_some()).collect();
+                for i in idx {
+                    self.fail(i, EngineError::internal(format!("llama_decode failed: {e}")));
+                }
+                return;
+            }
+        }
+        self.steps += 1;
+        self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
+        let used: usize = self.slots.iter().map(|s| s.cached.len()).sum();
+        self.stats.kv_cells_used.store(used as u64, Ordering::Relaxed);
+        for i in 0..self.slots.len() {
+            let sample_at = self.slots[i].active.as_ref().and_then(|a| a.batch_idx);
+            if let Some(idx) = sample_at {
+                self.sample_slot(i, idx);
+            }
+        }
+    }
+
+    /// Puts every slot back as it was before a batch that failed to decode.
+    fn rollback(&mut self, before: &[Snapshot]) {
+        for (slot, snap) in self.slots.iter_mut().zip(before) {
+            if slot.cached.len() > snap.cached {
+                let _ = self.ctx.kv_cache_seq_rm(slot.seq, Some(snap.cached as u32), None);
+                slot.cached.truncate(snap.cached);
+            }
+            if let Some(a) = slot.active.as_mut() {
+                a.next_prompt = snap.next_prompt;
+                a.pending = snap.pending;
+                a.batch_idx = None;
+            }
+        }
+    }
+
+    /// The KV cache is full: drop idle caches first, then end the longest running sequence.
+    fn make_room(&mut self) {
+        let mut freed = false;
+        for slot in self.slots.iter_mut().filter(|s| s.active.is_none() && !s.cached.is_empty()) {
+            let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
+            slot.cached.clear();
+            freed = true;
+        }
+        if freed {
+            return;
+        }
+        if let Some(i) = (0..self.slots.len())
+            .filter(|&i| self.slots[i].active.is_some())
+            .max_by_key(|&i| self.slots[i].cached.len())
+        {
+            self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
+            self.finish(i, FinishReason::Length);
+        }
+    }
+
+    fn sample_slot(&mut self, i: usize, idx: i32) {
+        let vocab = self.model.vocab();
+        let ctx_per_seq = self.settings.ctx_per_seq as usize;
+        let slot = &mut self.slots[i];
+        let a = slot.active.as_mut().expect("sampled slots are active");
+        let token = a.sampler.sample(&self.ctx, idx);
+        let now = Instant::now();
+        a.first_token.get_or_insert(now);
+        a.generated += 1;
+        self.stats.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
+        let (logprob, top) = match a.job.top_logprobs {
+            None => (0.0, Vec::new()),
+            Some(n) => {
+                let (lp, top) = logprobs(self.ctx.get_logits_ith(idx), token.0 as usize, n as usize);
+                let top = top
+                    .into_iter()
+                    .map(|(id, lp)| {
+                        let t = LlamaToken(id as i32);
+                        (id as i32, lp, String::from_utf8_lossy(&vocab.token_to_piece(t, false, None)).into_owned())
+                    })
+                    .collect();
+                (lp, top)
+            }
+        };
+        let eog = vocab.is_eog(token) && !a.job.ignore_eos;
+        let mut text = String::new();
+        let mut finish = None;
+        if eog {
+            finish = Some(FinishReason::Stop);
+        } else {
+            a.piece.clear();
+            vocab.token_to_piece_into(token, &mut a.piece, false, None);
+            let mut decoded = String::new();
+            a.utf8.push(&a.piece, &mut decoded);
+            text.push_str(a.stops.push(&decoded));
+            if a.stops.stopped() {
+                finish = Some(FinishReason::Stop);
+            } else if a.generated >= a.job.max_tokens || slot.cached.len() + 1 >= ctx_per_seq {
+                finish = Some(FinishReason::Length);
+            }
+        }
+        if finish.is_some() && !a.stops.stopped() {
+            // The last token releases whatever was held back.
+            let mut rest = String::new();
+            a.utf8.finish(&mut rest);
+            text.push_str(a.stops.push(&rest));
+            text.push_str(a.stops.finish());
+        }
+        let event = TokenEvent { id: token.0, text, logprob, top, t_ns: clock_ns() };
+        let delivered = a.job.events.send(Event::Token(event)).is_ok();
+        match finish {
+            Some(reason) => self.finish(i, reason),
+            None if !delivered => self.finish(i, FinishReason::Cancelled),
+            None => a.pending = Some(token),
+        }
+    }
+
+    fn finish(&mut self, i: usize, reason: FinishReason) {
+        let steps = self.steps;
+        let slot = &mut self.slots[i];
+        let Some(a) = slot.active.take() else { return };
+        slot.last_used = steps;
+        let now = Instant::now();
+        let prompt_eval_ns = a.first_token.map_or(now - a.started, |t| t - a.started).as_nanos() as u64;
+        let generation_ns = a.first_token.map_or(0, |t| (now - t).as_nanos() as u64);
+        self.logger.debug(&format!(
+            "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
+            a.job.request_id,
+            a.job.tokens.len(),
+            a.cached_prompt,
+            a.generated
+        ));
+        let _ = a.job.events.send(Event::Done(InferOutcome {
+            finish_reason: reason,
+            prompt_tokens: a.job.tokens.len() as u32,
+            completion_tokens: a.generated,
+            cached_tokens: a.cached_prompt as u32,
+            prompt_eval_ns,
+            generation_ns,
+        }));
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
+    }
+
+    fn fail(&mut self, i: usize, err: EngineError) {
+        let slot = &mut self.slots[i];
+        if let Some(a) = slot.active.take() {
+            let _ = a.job.events.send(Event::Failed(err));
+        }
+        let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
+        slot.cached.clear();
+    }
+}
+
+fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

@@ -1,0 +1,91 @@
+//! Per-model runtime settings: defaults from the instance config, changed through set_config.
+
+use llama_cpp_2::context::params::KvCacheType;
+use llmr_engine_sdk::{EngineError, ErrorCode};
+
+/// Settings that shape the llama.cpp context (changing them rebuilds it when idle).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ContextSettings {
+    /// Concurrent sequences (continuous batching slots).
+    pub slots: u32,
+    /// Tokens per sequence (prompt + generation).
+    pub ctx_per_seq: u32,
+    pub threads: u32,
+    pub kv_type: KvType,
+}
+
+/// Settings read at every step (no rebuild).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSettings {
+    /// Most prompt tokens processed in one decode step, so a long prompt never stalls the
+    /// sequences that are generating for more than one chunk.
+    pub prefill_chunk: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F16,
+    Q8_0,
+    Q4_0,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Some(Self::F16),
+            "q8_0" => Some(Self::Q8_0),
+            "q4_0" => Some(Self::Q4_0),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "f16",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+        }
+    }
+    pub fn llama(self) -> KvCacheType {
+        match self {
+            Self::F16 => KvCacheType::F16,
+            Self::Q8_0 => KvCacheType::Q8_0,
+            Self::Q4_0 => KvCacheType::Q4_0,
+        }
+    }
+}
+
+/// Default CPU threads: every core the process may use. On a shared machine the decode loop
+/// does not collapse with this because the OpenMP pool is told not to spin (see lib.rs).
+pub fn default_threads() -> u32 {
+    std::thread::available_parallelism().map_or(4, |n| n.get() as u32)
+}
+
+/// A setting change requested through set_config.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Change {
+    KvType(KvType),
+    Threads(u32),
+    PrefillChunk(u32),
+}
+
+fn unsupported(msg: String) -> EngineError {
+    EngineError::new(ErrorCode::Unsupported, msg)
+}
+
+pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, EngineError> {
+    let positive = |max: u64| value.as_u64().filter(|v| (1..=max).contains(v)).map(|v| v as u32);
+    match key {
+        "kv_cache_type" => value
+            .as_str()
+            .and_then(KvType::parse)
+            .map(Change::KvType)
+            .ok_or_else(|| unsupported(format!("`kv_cache_type` takes \"f16\", \"q8_0\" or \"q4_0\", got {value}"))),
+        "threads" => positive(1024)
+            .map(Change::Threads)
+            .ok_or_else(|| unsupported(format!("`threads` takes an integer from 1 to 1024, got {value}"))),
+        "prefill_chunk" => positive(65536)
+            .map(Change::PrefillChunk)
+            .ok_or_else(|| unsupported(format!("`prefill_chunk` takes an integer from 1 to 65536, got {value}"))),
+        _ => Err(unsupported(format!("unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk)"))),
+    }
+}
