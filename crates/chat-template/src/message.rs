@@ -31,10 +31,14 @@ pub enum Content {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
-    Text { text: String },
+    Text {
+        text: String,
+    },
     /// A placeholder where the template should put an image token; the pixels travel elsewhere.
     Image {},
-    ImageUrl { image_url: ImageUrl },
+    ImageUrl {
+        image_url: ImageUrl,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,7 +159,11 @@ impl ToolCall {
 }
 
 impl Tool {
-    pub fn function(name: impl Into<String>, description: Option<String>, parameters: Option<serde_json::Value>) -> Self {
+    pub fn function(
+        name: impl Into<String>,
+        description: Option<String>,
+        parameters: Option<serde_json::Value>,
+    ) -> Self {
         Tool { kind: function_kind(), function: FunctionDef { name: name.into(), description, parameters } }
     }
 }
@@ -222,7 +230,10 @@ mod tests {
             "content": [{"type": "text", "text": "hi"}, {"type": "image"}]
         }))
         .unwrap();
-        assert_eq!(m.content, Some(Content::Parts(vec![ContentPart::Text { text: "hi".into() }, ContentPart::Image {}])));
+        assert_eq!(
+            m.content,
+            Some(Content::Parts(vec![ContentPart::Text { text: "hi".into() }, ContentPart::Image {}]))
+        );
         assert_eq!(
             serde_json::to_value(&m).unwrap(),
             json!({"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image"}]})

@@ -4,6 +4,7 @@
 //! Not minijinja's built-in, which escapes HTML characters and prints `{"a":1}` where Python
 //! prints `{"a": 1}`: templates embed this text in prompts, so every byte matters.
 
+use crate::pyobjects::{is_generator, is_none};
 use crate::pyrepr::float_repr;
 use minijinja::value::{from_args, Kwargs, Rest, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
@@ -84,12 +85,19 @@ pub(crate) fn dumps(value: &Value, options: &DumpOptions) -> Result<String, Erro
 }
 
 fn write_value(value: &Value, options: &DumpOptions, depth: usize, out: &mut String) -> Result<(), Error> {
+    if is_none(value) {
+        out.push_str("null");
+        return Ok(());
+    }
+    if is_generator(value) {
+        return Err(not_serializable("generator"));
+    }
     match value.kind() {
-        ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => write_number(value, out),
         ValueKind::String => write_string(value.as_str().unwrap_or_default(), options.ensure_ascii, out),
-        ValueKind::Seq => {
+        // `Iterable` is also minijinja's lazy `list + list`, which is a list in Python.
+        ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             write_container(out, options, depth, ('[', ']'), &items, |item, out| {
                 write_value(item, options, depth + 1, out)
@@ -110,21 +118,16 @@ fn write_value(value: &Value, options: &DumpOptions, depth: usize, out: &mut Str
                 write_value(item, options, depth + 1, out)
             })?;
         }
-        // Python's own message, which templates and users may have seen before.
-        other => {
-            let type_name = match other {
-                ValueKind::Undefined => "Undefined",
-                ValueKind::Iterable => "generator",
-                ValueKind::Bytes => "bytes",
-                _ => "object",
-            };
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("Object of type {type_name} is not JSON serializable"),
-            ));
-        }
+        ValueKind::Undefined => return Err(not_serializable("Undefined")),
+        ValueKind::Bytes => return Err(not_serializable("bytes")),
+        _ => return Err(not_serializable("object")),
     }
     Ok(())
+}
+
+/// Python's own message, which template authors may have seen before.
+fn not_serializable(type_name: &str) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("Object of type {type_name} is not JSON serializable"))
 }
 
 fn write_container<T>(
@@ -237,7 +240,10 @@ mod tests {
     #[test]
     fn indent_uses_bare_commas() {
         let options = DumpOptions { indent: Some("  ".into()), item_separator: ",".into(), ..Default::default() };
-        assert_eq!(dump(json!({"a": [1, {}], "b": []}), options), "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}");
+        assert_eq!(
+            dump(json!({"a": [1, {}], "b": []}), options),
+            "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}"
+        );
     }
 
     #[test]

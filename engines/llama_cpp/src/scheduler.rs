@@ -571,6 +571,9 @@ impl<'m> Scheduler<'m> {
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.take() else { return };
         slot.last_used = steps;
+        // Counters first: the requester may read metrics as soon as it gets Done.
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
         let now = Instant::now();
         let prompt_eval_ns = a.first_token.map_or(now - a.started, |t| t - a.started).as_nanos() as u64;
         let generation_ns = a.first_token.map_or(0, |t| (now - t).as_nanos() as u64);
@@ -589,8 +592,6 @@ impl<'m> Scheduler<'m> {
             prompt_eval_ns,
             generation_ns,
         }));
-        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
-        self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
     }
 
     fn fail(&mut self, i: usize, err: EngineError) {

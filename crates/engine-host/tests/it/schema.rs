@@ -40,7 +40,8 @@ fn the_schema_rejects_what_the_validator_rejects() {
     let good: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(format!("{REPO}/sdk/c/template/manifest.json")).unwrap())
             .unwrap();
-    let bad_edits: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let bad_edits: Vec<(&str, Edit)> = vec![
         ("empty architectures", Box::new(|m| m["architectures"] = serde_json::json!([]))),
         ("binary with a path", Box::new(|m| m["binary"] = "../x.so".into())),
         ("unknown backend", Box::new(|m| m["gpu_backends"] = serde_json::json!(["tpu"]))),

@@ -1,0 +1,215 @@
+//! `ModelDescriptor`: what the node needs to pick an engine and load a model.
+
+use crate::error::StoreError;
+use crate::gguf::{GgufHeader, PoolingType};
+use crate::layout::{self, GgufFiles};
+use crate::safetensors::SafetensorsModel;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Weight formats, named as in plugin manifests' `formats`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    Gguf,
+    Safetensors,
+    Onnx,
+}
+
+impl Format {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gguf => "gguf",
+            Self::Safetensors => "safetensors",
+            Self::Onnx => "onnx",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a model can serve, named as in plugin manifests' `modalities`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Capability {
+    Text,
+    Embedding,
+    Vision,
+}
+
+impl Capability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Embedding => "embedding",
+            Self::Vision => "vision",
+        }
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelDescriptor {
+    /// The name that resolves to this model (`smollm2`, or `smollm2:Q4_1` when the directory
+    /// holds several quantizations).
+    pub name: String,
+    pub format: Format,
+    pub model_dir: PathBuf,
+    /// The `.gguf` (first part, when split), the `.safetensors.index.json`, or the single
+    /// `.safetensors`.
+    pub primary_file: PathBuf,
+    /// `general.architecture`, or `config.json` `model_type` (else `architectures[0]`).
+    pub architecture: String,
+    /// GGUF only: from `general.file_type`, e.g. `Q4_K_M`.
+    pub quantization: Option<String>,
+    pub context_length: Option<u64>,
+    pub mmproj: Option<PathBuf>,
+    /// RuntimeType name of spec 000 (`LlamaCpp`, ...).
+    pub runtime: String,
+    pub capabilities: Vec<Capability>,
+    /// Bytes on disk of every file the engine loads: all weight files and the projector.
+    pub size_bytes: u64,
+}
+
+/// llama.cpp architectures that are bidirectional encoders: with a pooling type they produce
+/// embeddings, not text.
+const ENCODER_ARCHITECTURES: &[&str] = &[
+    "bert",
+    "modern-bert",
+    "nomic-bert",
+    "nomic-bert-moe",
+    "neo-bert",
+    "jina-bert-v2",
+    "jina-bert-v3",
+    "eurobert",
+    "t5encoder",
+    "gemma-embedding",
+];
+
+/// The RuntimeType of spec 000: GGUF goes to llama.cpp, safetensors to per-model engines.
+fn runtime_for(format: Format, architecture: &str) -> &'static str {
+    let arch = architecture.to_ascii_lowercase();
+    match format {
+        Format::Gguf => "LlamaCpp",
+        Format::Onnx => "OnnxRuntime",
+        Format::Safetensors if arch.starts_with("gpt_oss") || arch.starts_with("gpt-oss") => "GptOssCpp",
+        Format::Safetensors if arch.starts_with("nemotron") => "NemotronCpp",
+        // Spec 000 names no general safetensors runtime; DESIGN.md plans an `engines/native` one.
+        Format::Safetensors => "Native",
+    }
+}
+
+fn is_embedding_model(header: &GgufHeader) -> bool {
+    let non_causal = header.causal_attention() == Some(false);
+    let pooled = header.pooling_type().is_some_and(|p| p != PoolingType::None);
+    let encoder = header.architecture().is_some_and(|a| ENCODER_ARCHITECTURES.contains(&a));
+    non_causal || (pooled && encoder)
+}
+
+fn file_size(path: &Path) -> Result<u64, StoreError> {
+    Ok(std::fs::metadata(path).map_err(StoreError::io(path))?.len())
+}
+
+impl ModelDescriptor {
+    /// Describes a single GGUF file given directly (not from the store): named after the file's
+    /// stem, with no projector (a file's directory is not a model directory, so its other
+    /// files are not assumed to belong to it).
+    pub fn from_gguf_file(path: &Path) -> Result<Self, StoreError> {
+        let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if layout::is_mmproj(file_name) {
+            return Err(StoreError::Projector { path: path.to_path_buf() });
+        }
+        let header = GgufHeader::open(path).map_err(StoreError::gguf(path))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let files = layout::parts_beside(&dir, file_name, |name| dir.join(name).is_file());
+        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or(file_name).to_string();
+        Self::from_gguf(name, &files, &header, None)
+    }
+
+    pub(crate) fn from_gguf(
+        name: String,
+        files: &GgufFiles,
+        header: &GgufHeader,
+        mmproj: Option<PathBuf>,
+    ) -> Result<Self, StoreError> {
+        let primary = &files.primary;
+        if !files.missing_parts.is_empty() {
+            return Err(StoreError::MissingGgufParts {
+                primary: primary.clone(),
+                missing: files.missing_parts.clone(),
+            });
+        }
+        let architecture =
+            header.architecture().ok_or_else(|| StoreError::MissingArchitecture { path: primary.clone() })?.to_string();
+        let mut capabilities = vec![if is_embedding_model(header) { Capability::Embedding } else { Capability::Text }];
+        if mmproj.is_some() {
+            capabilities.push(Capability::Vision);
+        }
+        let mut size_bytes = 0;
+        for path in files.all().chain(&mmproj) {
+            size_bytes += file_size(path)?;
+        }
+        Ok(Self {
+            name,
+            format: Format::Gguf,
+            model_dir: primary.parent().map(Path::to_path_buf).unwrap_or_default(),
+            primary_file: primary.clone(),
+            runtime: runtime_for(Format::Gguf, &architecture).to_string(),
+            architecture,
+            quantization: header.quantization().map(str::to_string),
+            context_length: header.context_length(),
+            mmproj,
+            capabilities,
+            size_bytes,
+        })
+    }
+
+    pub(crate) fn from_safetensors(name: String, dir: &Path, model: SafetensorsModel) -> Result<Self, StoreError> {
+        let mut capabilities = vec![Capability::Text];
+        if model.vision {
+            capabilities.push(Capability::Vision);
+        }
+        let mut size_bytes = 0;
+        for path in &model.weights {
+            size_bytes += file_size(path)?;
+        }
+        Ok(Self {
+            name,
+            format: Format::Safetensors,
+            model_dir: dir.to_path_buf(),
+            primary_file: model.primary,
+            runtime: runtime_for(Format::Safetensors, &model.architecture).to_string(),
+            architecture: model.architecture,
+            quantization: None,
+            context_length: model.context_length,
+            mmproj: None,
+            capabilities,
+            size_bytes,
+        })
+    }
+
+    pub fn has(&self, capability: Capability) -> bool {
+        self.capabilities.contains(&capability)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtimes_follow_the_spec_table() {
+        assert_eq!(runtime_for(Format::Gguf, "llama"), "LlamaCpp");
+        assert_eq!(runtime_for(Format::Safetensors, "gpt_oss"), "GptOssCpp");
+        assert_eq!(runtime_for(Format::Safetensors, "nemotron_h"), "NemotronCpp");
+        assert_eq!(runtime_for(Format::Safetensors, "llama"), "Native");
+        assert_eq!(runtime_for(Format::Onnx, "vits"), "OnnxRuntime");
+    }
+}
