@@ -21,10 +21,20 @@ pub(crate) fn environment() -> Environment<'static> {
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(pycompat::format_output);
 
+    // transformers' own `tojson`: Python's json.dumps, not minijinja's HTML-safe JSON.
     env.add_filter("tojson", tojson::tojson_filter);
-    env.add_filter("string", pycompat::string_filter);
-    env.add_filter("length", pycompat::length_filter);
-    env.add_filter("count", pycompat::length_filter);
+    // Filters that read their input through Python's str().
+    env.add_filter("string", pycompat::string);
+    env.add_filter("trim", pycompat::trim);
+    env.add_filter("upper", pycompat::upper);
+    env.add_filter("lower", pycompat::lower);
+    env.add_filter("capitalize", pycompat::capitalize);
+    env.add_filter("title", pycompat::title);
+    env.add_filter("replace", pycompat::replace);
+    env.add_filter("join", pycompat::join);
+    // Tests and filters where Python's types behave differently from minijinja's.
+    env.add_filter("length", pycompat::length);
+    env.add_filter("count", pycompat::length);
     env.add_test("sequence", pycompat::is_sequence);
     env.add_test("iterable", pyobjects::is_iterable);
     env.add_test("none", pyobjects::is_none);

@@ -7,7 +7,15 @@
 //! [`RenderInput`] of [`Message`]s, optional [`Tool`]s and extra variables.
 //!
 //! Conformance with transformers over real templates is checked by `tests/it/conformance.rs`
-//! against goldens made by `tests/conformance/make_goldens.py`.
+//! against goldens made by `tests/conformance/make_goldens.py`; `tests/conformance/DIFFERENCES.md`
+//! lists what differs and why.
+//!
+//! Python semantics that minijinja cannot be made to follow, because they live in operators
+//! rather than in filters, tests or functions we can replace:
+//! - `'...'|safe + text` does not HTML-escape `text` (jinja2's `Markup` does);
+//! - `'%s' % x` (printf-style `%` on strings) is an error;
+//! - `~` and `str.format` print lists and dicts JSON-style (`["a"]`), not as Python (`['a']`);
+//! - tuples are lists.
 
 mod config;
 mod env;

@@ -92,12 +92,17 @@ pub struct Message {
     /// The model's reasoning ("thinking") for an assistant turn.
     #[serde(default, alias = "reasoning", alias = "thinking")]
     pub reasoning_content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub tool_calls: Vec<ToolCall>,
     #[serde(default)]
     pub tool_call_id: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+}
+
+/// OpenAI clients send `"tool_calls": null` as often as they leave it out.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ToolCall>, D::Error> {
+    Ok(Option::<Vec<ToolCall>>::deserialize(d)?.unwrap_or_default())
 }
 
 fn function_kind() -> String {
@@ -221,6 +226,13 @@ mod tests {
         assert_eq!(s, r#"{"id":"c1","type":"function","function":{"name":"f","arguments":{"b":1,"a":2}}}"#);
         let bad = ToolCall::from_json_arguments(None, "f", "not json");
         assert_eq!(bad.function.arguments, json!("not json"));
+    }
+
+    #[test]
+    fn null_fields_deserialize_as_absent() {
+        let m: Message =
+            serde_json::from_value(json!({"role": "assistant", "content": null, "tool_calls": null})).unwrap();
+        assert_eq!(serde_json::to_value(&m).unwrap(), json!({"role": "assistant"}));
     }
 
     #[test]

@@ -95,11 +95,21 @@ pub(crate) fn map(state: &State, value: Value, args: Rest<Value>) -> Result<Valu
     lazily(value, |v| filters::map(state, v, args))
 }
 
-pub(crate) fn select(state: &State, value: Value, test: Option<Cow<'_, str>>, args: Rest<Value>) -> Result<Value, Error> {
+pub(crate) fn select(
+    state: &State,
+    value: Value,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
     lazily(value, |v| filters::select(state, v, test, args))
 }
 
-pub(crate) fn reject(state: &State, value: Value, test: Option<Cow<'_, str>>, args: Rest<Value>) -> Result<Value, Error> {
+pub(crate) fn reject(
+    state: &State,
+    value: Value,
+    test: Option<Cow<'_, str>>,
+    args: Rest<Value>,
+) -> Result<Value, Error> {
     lazily(value, |v| filters::reject(state, v, test, args))
 }
 

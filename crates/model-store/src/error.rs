@@ -40,6 +40,8 @@ pub enum StoreError {
     Safetensors(#[from] SafetensorsError),
     #[error("{} is not a plain *.gguf file name", path.display())]
     NotGgufFileName { path: PathBuf },
+    #[error("model '{name}' clashes with {}: a store directory holds either a model or an organisation's models", other.display())]
+    NamespaceClash { name: String, other: PathBuf },
     #[error("{} already exists in the store", path.display())]
     AlreadyExists { path: PathBuf },
     #[error("{} has quantization {}, but the name asks for '{requested}'", path.display(), actual.as_deref().unwrap_or("(unknown)"))]

@@ -43,6 +43,7 @@ impl ModelStore {
         }
 
         let dir = self.model_dir(&model_ref.name);
+        self.check_namespace(&model_ref, &dir)?;
         let dest = dir.join(file_name);
         if dest.exists() {
             return Err(StoreError::AlreadyExists { path: dest });
@@ -84,6 +85,24 @@ impl ModelStore {
     }
 }
 
+impl ModelStore {
+    /// `org` and `org/model` cannot both be models: `list` reads a directory with model files as
+    /// a model and would hide the models under it.
+    fn check_namespace(&self, model_ref: &ModelRef, dir: &Path) -> Result<(), StoreError> {
+        let clash = match model_ref.name.as_str().split_once('/') {
+            Some((org, _)) => {
+                let org_dir = self.root().join(org);
+                layout::read_dir(&org_dir).ok().filter(|l| l.has_model_files()).map(|_| org_dir)
+            }
+            None => layout::read_dir(dir).ok().filter(|l| !l.subdirs.is_empty()).map(|_| dir.to_path_buf()),
+        };
+        match clash {
+            Some(other) => Err(StoreError::NamespaceClash { name: model_ref.name.to_string(), other }),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Removes the temporary file unless the import completed.
 struct TempFile(Option<PathBuf>);
 
@@ -109,14 +128,14 @@ fn temp_path(dest: &Path) -> PathBuf {
 /// way it is made under a temporary name in the destination directory and renamed, which is
 /// atomic within one directory.
 fn place(source: &Path, dest: &Path) -> Result<(), StoreError> {
-    let tmp = TempFile(Some(temp_path(dest)));
-    let tmp_path = tmp.0.clone().unwrap_or_default();
+    let tmp_path = temp_path(dest);
+    let mut tmp = TempFile(Some(tmp_path.clone()));
     if let Err(error) = fs::hard_link(source, &tmp_path) {
         tracing::debug!(source = %source.display(), %error, "cannot hard-link into the store; copying");
         copy_synced(source, &tmp_path)?;
     }
     fs::rename(&tmp_path, dest).map_err(StoreError::io(dest))?;
-    std::mem::forget(tmp);
+    tmp.0 = None;
     // Persist the rename itself; best effort, as not every platform can sync a directory.
     if let Some(dir) = dest.parent() {
         let _ = File::open(dir).and_then(|d| d.sync_all());
@@ -129,4 +148,26 @@ fn copy_synced(source: &Path, tmp: &Path) -> Result<(), StoreError> {
     let mut output = File::create_new(tmp).map_err(StoreError::io(tmp))?;
     std::io::copy(&mut input, &mut output).map_err(StoreError::io(tmp))?;
     output.sync_all().map_err(StoreError::io(tmp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_complete_and_temporaries_are_cleaned_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("src.gguf");
+        fs::write(&source, b"GGUF and more").unwrap();
+        let partial = temp_path(&tmp.path().join("dest.gguf"));
+        assert!(partial.file_name().unwrap().to_str().unwrap().starts_with(".dest.gguf."));
+        {
+            let _guard = TempFile(Some(partial.clone()));
+            copy_synced(&source, &partial).unwrap();
+            assert_eq!(fs::read(&partial).unwrap(), b"GGUF and more");
+            // A second writer never reuses an existing temporary file.
+            assert!(copy_synced(&source, &partial).is_err());
+        }
+        assert!(!partial.exists(), "the guard removes an abandoned temporary file");
+    }
 }

@@ -1,6 +1,9 @@
 //! `ModelStore`: one directory per model under a root (`~/.llmr/models` by default); `org/model`
 //! names are nested directories. A directory holds a safetensors model, or one or more GGUF
 //! files (one per quantization, addressed as `model:QUANT`) plus an optional projector.
+//!
+//! Request names are confined to the root lexically (see [`ModelName`]); symbolic links inside
+//! the root are followed, as they can only be placed there by whoever administers the store.
 
 use crate::descriptor::{Format, ModelDescriptor};
 use crate::error::StoreError;
@@ -67,13 +70,13 @@ impl ModelStore {
             }
         };
         for first in &top.subdirs {
-            let Some(listing) = self.listing_of(first) else { continue };
-            if listing.1.has_model_files() {
-                list_model(&listing.0, &listing.1, &mut out);
+            let Some((name, listing)) = self.listing_of(first) else { continue };
+            if listing.has_model_files() {
+                list_model(&name, &listing, &mut out);
                 continue;
             }
             // Not a model: an organisation directory holding models.
-            for second in &listing.1.subdirs {
+            for second in &listing.subdirs {
                 match self.listing_of(&format!("{first}/{second}")) {
                     Some((name, inner)) if inner.has_model_files() => list_model(&name, &inner, &mut out),
                     Some((name, _)) => tracing::debug!(model = %name, "no model files; skipped"),

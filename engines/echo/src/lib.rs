@@ -5,6 +5,7 @@
 //! logprobs, embeddings, runtime settings, errors) can be exercised without model weights. A
 //! prompt containing `PANIC_IN_INFER` panics inside `infer`, to test the panic boundary.
 
+use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
     abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
     EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
@@ -183,8 +184,7 @@ impl EchoEngine {
         let words: Vec<&str> = req.prompt.split_whitespace().collect();
         let budget = req.max_tokens.map_or(words.len(), |m| (m as usize).min(words.len()));
         let delay = Duration::from_millis(self.token_delay_ms.load(Ordering::Relaxed));
-        let mut text = String::new();
-        let mut emitted = 0usize; // bytes of `text` already handed to the host
+        let mut stops = StopMatcher::new(req.stop.iter().copied());
         let mut completion_tokens = 0u32;
         let mut finish = if budget < words.len() { FinishReason::Length } else { FinishReason::Stop };
         let alternatives: Vec<String> = (0..req.logprobs.unwrap_or(0)).map(|i| format!(" alt{i}")).collect();
@@ -193,21 +193,14 @@ impl EchoEngine {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            if i > 0 {
-                text.push(' ');
-            }
-            text.push_str(word);
+            let piece = if i > 0 { format!(" {word}") } else { word.to_string() };
             completion_tokens += 1;
             self.tokens_total.fetch_add(1, Ordering::Relaxed);
-            let is_last = i + 1 == budget;
-            // A stop sequence ends generation and is never emitted; text that could still become
-            // one is held back until it cannot (or generation ends).
-            let stop_at = req.stop.iter().filter_map(|s| text.find(s)).min();
-            let visible_end = match stop_at {
-                Some(at) => at,
-                None if is_last => text.len(),
-                None => text.len() - held_back(&text, &req.stop),
-            };
+            // Text that may still become a stop sequence is held back; the last token releases it.
+            let mut text = stops.push(&piece).to_string();
+            if i + 1 == budget {
+                text.push_str(stops.finish());
+            }
             let top: Vec<TopLogprob<'_>> = alternatives
                 .iter()
                 .enumerate()
@@ -215,17 +208,16 @@ impl EchoEngine {
                 .collect();
             let token = Token {
                 token_id: word_id(word),
-                text: &text[emitted.min(visible_end)..visible_end],
+                text: &text,
                 logprob: if req.logprobs.is_some() { -0.5 } else { 0.0 },
                 top: &top,
                 timestamp_ns: start.elapsed().as_nanos() as u64,
             };
-            emitted = emitted.max(visible_end);
             if !sink.emit(&token) {
                 finish = FinishReason::Cancelled;
                 break;
             }
-            if stop_at.is_some() {
+            if stops.stopped() {
                 finish = FinishReason::Stop;
                 break;
             }
@@ -242,15 +234,6 @@ impl EchoEngine {
             generation_ns: start.elapsed().as_nanos() as u64,
         })
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of some stop sequence.
-fn held_back(text: &str, stops: &[&str]) -> usize {
-    stops
-        .iter()
-        .flat_map(|s| (1..s.len()).rev().filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])).take(1))
-        .max()
-        .unwrap_or(0)
 }
 
 export_engine!(EchoEngine);

@@ -72,13 +72,9 @@ fn compare(golden: &Golden, ours: &Result<String, TemplateError>) -> Option<Stri
 }
 
 fn first_difference(want: &str, got: &str) -> String {
-    let at = want.bytes().zip(got.bytes()).take_while(|(a, b)| a == b).count();
-    let around = |s: &str| {
-        let start = s.floor_char_boundary(at.saturating_sub(30));
-        let end = s.ceil_char_boundary((at + 30).min(s.len()));
-        s[start..end].to_owned()
-    };
-    format!("byte {at}: want {:?}, got {:?}", around(want), around(got))
+    let at = want.chars().zip(got.chars()).take_while(|(a, b)| a == b).count();
+    let around = |s: &str| s.chars().skip(at.saturating_sub(30)).take(60).collect::<String>();
+    format!("char {at}: want {:?}, got {:?}", around(want), around(got))
 }
 
 /// The (template, conversation) pairs that `DIFFERENCES.md` lists in its table.

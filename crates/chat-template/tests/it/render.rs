@@ -4,8 +4,7 @@ use llmr_chat_template::{ChatTemplate, Message, RenderInput, SpecialTokens, Temp
 use serde_json::json;
 
 fn template(source: &str) -> ChatTemplate {
-    ChatTemplate::new(source, SpecialTokens { bos_token: Some("<s>".into()), eos_token: Some("</s>".into()) })
-        .unwrap()
+    ChatTemplate::new(source, SpecialTokens { bos_token: Some("<s>".into()), eos_token: Some("</s>".into()) }).unwrap()
 }
 
 fn render(source: &str, input: &RenderInput<'_>) -> Result<String, TemplateError> {
@@ -28,7 +27,10 @@ fn raise_exception_carries_the_message() {
     let messages = [Message::assistant("hello")];
     let err = render(source, &RenderInput::new(&messages, true)).unwrap_err();
     assert_eq!(err, TemplateError::Raised { message: "First message must be from the user, not assistant".into() });
-    assert_eq!(err.to_string(), "chat template rejected the conversation: First message must be from the user, not assistant");
+    assert_eq!(
+        err.to_string(),
+        "chat template rejected the conversation: First message must be from the user, not assistant"
+    );
 }
 
 #[test]
@@ -41,7 +43,8 @@ fn raise_exception_inside_a_macro_is_still_raised() {
 
 #[test]
 fn other_failures_are_render_errors_with_a_line() {
-    let err = render("ok\n{{ messages[0].content.nope() }}", &RenderInput::new(&[Message::user("x")], true)).unwrap_err();
+    let err =
+        render("ok\n{{ messages[0].content.nope() }}", &RenderInput::new(&[Message::user("x")], true)).unwrap_err();
     assert!(matches!(err, TemplateError::Render { line: Some(2), .. }), "{err:?}");
     let err = ChatTemplate::new("{% for %}", SpecialTokens::default()).unwrap_err();
     assert!(matches!(err, TemplateError::Syntax { line: Some(1), .. }), "{err:?}");
@@ -101,7 +104,8 @@ fn tools_and_tool_calls_print_like_transformers() {
 #[test]
 fn python_string_and_dict_methods() {
     let messages = [Message::user("  <think>a</think>b  ")];
-    let source = "{% set c = messages[0].content.strip() %}{{ c.split('</think>')[-1] }}|{{ c.startswith('<think>') }}|\
+    let source =
+        "{% set c = messages[0].content.strip() %}{{ c.split('</think>')[-1] }}|{{ c.startswith('<think>') }}|\
 {% for k, v in {'a': 1}.items() %}{{ k }}={{ v }}{% endfor %}|{{ messages[0].get('name', 'anon') }}|{{ 'x'.upper() }}";
     assert_eq!(render(source, &RenderInput::new(&messages, true)).unwrap(), "b|True|a=1|anon|X");
 }
@@ -144,4 +148,15 @@ fn compiled_templates_are_shareable_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<ChatTemplate>();
     assert_send_sync::<llmr_chat_template::ChatTemplates>();
+}
+
+#[test]
+fn string_filters_read_python_str_of_their_input() {
+    use llmr_chat_template::{ContentPart, Role};
+    let messages = [Message::with_parts(Role::User, vec![ContentPart::Text { text: "hi".into() }])];
+    let source = "{{ messages[0].content | trim }}|{{ messages[0].content | map(attribute='text') | join }}|{{ [1, none] | join(',') }}";
+    assert_eq!(
+        render(source, &RenderInput::new(&messages, true)).unwrap(),
+        "[{'type': 'text', 'text': 'hi'}]|hi|1,None"
+    );
 }

@@ -21,6 +21,10 @@ pub enum Item {
     TensorInfo {
         index: u64,
     },
+    /// Element `index` of an array read on demand.
+    Element {
+        index: u64,
+    },
 }
 
 impl fmt::Display for Item {
@@ -33,6 +37,7 @@ impl fmt::Display for Item {
             Self::Key { index } => write!(f, "key of metadata pair #{index}"),
             Self::Value { key } => write!(f, "value of '{key}'"),
             Self::TensorInfo { index } => write!(f, "tensor info #{index}"),
+            Self::Element { index } => write!(f, "array element #{index}"),
         }
     }
 }

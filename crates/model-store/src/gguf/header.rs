@@ -90,10 +90,9 @@ impl GgufHeader {
         for index in 0..kv_count {
             let key_at = s.pos();
             let key = read_key(&mut s, &Item::Key { index })?;
-            let item = Item::Value { key };
+            let item = Item::Value { key: key.clone() };
             let ty = read_type(&mut s, &item)?;
             let value = read_value(&mut s, ty, &item, 0)?;
-            let Item::Value { key } = item else { unreachable!() };
             if metadata.contains_key(&key) {
                 return Err(GgufError::DuplicateKey { key, offset: key_at });
             }

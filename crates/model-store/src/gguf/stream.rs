@@ -8,7 +8,14 @@ pub(crate) struct Stream<R> {
     inner: BufReader<R>,
     pos: u64,
     len: u64,
+    /// How many more array elements may be loaded into memory. Values take ~50 bytes each and
+    /// a u8 element one byte of file, so without this bound nested arrays could make a crafted
+    /// file's memory use fifty times its size; past it, arrays are kept on disk like long ones.
+    pub inline_budget: u64,
 }
+
+/// Real files load a few thousand elements (per-layer arrays); this is far above that.
+const INLINE_BUDGET: u64 = 1 << 16;
 
 impl<R: Read + Seek> Stream<R> {
     /// Reads from the start of `reader`; its length bounds every later read.
@@ -16,7 +23,7 @@ impl<R: Read + Seek> Stream<R> {
         let io = |source| GgufError::Io { offset: 0, source };
         let len = reader.seek(SeekFrom::End(0)).map_err(io)?;
         reader.seek(SeekFrom::Start(0)).map_err(io)?;
-        Ok(Self { inner: BufReader::new(reader), pos: 0, len })
+        Ok(Self { inner: BufReader::new(reader), pos: 0, len, inline_budget: INLINE_BUDGET })
     }
 
     pub fn pos(&self) -> u64 {

@@ -192,8 +192,9 @@ impl GgufValue {
     }
 }
 
-/// An array value. Short arrays are loaded; long ones are only located (see
-/// [`INLINE_ARRAY_MAX`]) and their elements read on demand with [`GgufArray::read_element`].
+/// An array value. Short arrays are loaded; long ones (see [`INLINE_ARRAY_MAX`]), and any past a
+/// per-file budget of loaded elements, are only located, and their elements read on demand with
+/// [`GgufArray::read_element`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufArray {
     pub elem_type: GgufType,
@@ -219,7 +220,7 @@ impl GgufArray {
         if let Some(values) = &self.values {
             return Ok(usize::try_from(index).ok().and_then(|i| values.get(i)).cloned());
         }
-        self.element_from(&mut Stream::new(reader)?, index, &Item::Value { key: String::new() })
+        self.element_from(&mut Stream::new(reader)?, index, &Item::Element { index })
     }
 
     pub(crate) fn element_from<R: Read + Seek>(
@@ -321,7 +322,8 @@ pub(crate) fn read_value<R: Read + Seek>(
         GgufType::Array => {
             let (elem_type, len) = read_array_header(stream, item, depth + 1)?;
             let offset = stream.pos();
-            let values = if len <= INLINE_ARRAY_MAX {
+            let values = if len <= INLINE_ARRAY_MAX && len <= stream.inline_budget {
+                stream.inline_budget -= len;
                 let mut values = Vec::with_capacity(len as usize);
                 for _ in 0..len {
                     values.push(read_value(stream, elem_type, item, depth + 1)?);

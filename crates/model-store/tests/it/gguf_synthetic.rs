@@ -188,8 +188,13 @@ fn absurd_lengths_are_refused_before_allocating() {
     let bytes = GgufWriter::new().kv("general.name", Val::Raw(8, payload)).build();
     let err = read(&bytes).unwrap_err();
     let at = find(&bytes, b"general.name") + 12 + 4;
+    // The limit is what is left of the file after the length field.
+    let left = bytes.len() as u64 - at - 8;
     assert!(matches!(&err, GgufError::TooLarge { offset, value, .. } if *offset == at && *value == 1 << 40), "{err}");
-    assert_eq!(err.to_string(), format!("corrupt GGUF: value of 'general.name' at byte {at}: 1099511627776 exceeds the limit of 3"));
+    assert_eq!(
+        err.to_string(),
+        format!("corrupt GGUF: value of 'general.name' at byte {at}: 1099511627776 exceeds the limit of {left}")
+    );
 
     // An array claiming u64::MAX elements.
     let mut payload = 4u32.to_le_bytes().to_vec();
@@ -279,4 +284,19 @@ fn strings_arrays_of_strings_use_the_helper() {
     // The support writer's helper builds string arrays of any length.
     let bytes = GgufWriter::new().kv("l", strings(["a".to_string()])).build();
     assert_eq!(read(&bytes).unwrap().get("l").unwrap().as_array().unwrap().len, 1);
+}
+
+#[test]
+fn memory_for_loaded_arrays_is_bounded_per_file() {
+    // 100 short arrays: 100,000 elements in all, past the loading budget of 65,536.
+    let mut w = GgufWriter::new();
+    for i in 0..100 {
+        w = w.kv(&format!("a{i:03}"), Val::Arr(0, vec![Val::U8(i); 1000]));
+    }
+    let bytes = w.build();
+    let h = read(&bytes).unwrap();
+    let array = |k: &str| h.get(k).unwrap().as_array().unwrap().clone();
+    assert!(array("a000").is_loaded());
+    assert!(!array("a099").is_loaded());
+    assert_eq!(array("a099").read_element(Cursor::new(&bytes), 999).unwrap(), Some(GgufValue::U8(99)));
 }

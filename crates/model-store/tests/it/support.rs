@@ -146,9 +146,10 @@ impl GgufWriter {
             offset += t.bytes.div_ceil(ALIGN) * ALIGN;
         }
         out.resize((out.len() as u64).div_ceil(ALIGN) as usize * ALIGN as usize, 0);
-        for t in &self.tensors {
-            let padded = t.bytes.div_ceil(ALIGN) * ALIGN;
-            out.extend(std::iter::repeat_n(0x5a, padded as usize));
+        // Padding after the last tensor is left out, so that every byte of the file is needed.
+        for (i, t) in self.tensors.iter().enumerate() {
+            let len = if i + 1 == self.tensors.len() { t.bytes } else { t.bytes.div_ceil(ALIGN) * ALIGN };
+            out.extend(std::iter::repeat_n(0x5a, len as usize));
         }
         out
     }

@@ -1,0 +1,189 @@
+//! Measures an engine plugin through the host, the way a node drives it: prompt processing
+//! (pp), single-sequence decode (tg) and aggregate decode at several concurrencies. Prints one
+//! JSON object; `bench/engine_bench.py` runs it beside llama.cpp's own tools and reports ratios.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use llmr_engine_host::{
+    load_one, EngineInstance, EngineRegistry, FinishReason, InferParams, InstanceConfig, Manifest, ModelSpec,
+};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+#[derive(Parser)]
+struct Args {
+    /// Plugin folder (manifest.json + library).
+    #[arg(long, default_value = "engines/llama_cpp/cpu")]
+    plugin: PathBuf,
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// Prompt tokens for the pp test.
+    #[arg(long, default_value_t = 512)]
+    pp: usize,
+    /// Generated tokens for the tg test.
+    #[arg(long, default_value_t = 128)]
+    tg: u32,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Concurrencies for the aggregate decode test (empty = skip).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    concurrency: Vec<u32>,
+    /// Prompt tokens per sequence in the aggregate test.
+    #[arg(long, default_value_t = 32)]
+    npp: usize,
+    /// Generated tokens per sequence in the aggregate test.
+    #[arg(long, default_value_t = 64)]
+    ntg: u32,
+    /// Which tests to run.
+    #[arg(long, value_delimiter = ',', default_value = "pp,tg,batch")]
+    tests: Vec<String>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Text of exactly `n` tokens (BOS included) that shares no prefix with other calls.
+fn prompt_of(engine: &EngineInstance, n: usize, salt: u64) -> Result<String> {
+    let words = ["river", "stone", "light", "paper", "window", "garden", "silver", "market", "winter", "engine"];
+    let mut text = format!("{salt}");
+    let mut i = salt as usize;
+    while engine.tokenize("m", &text, true, false)?.len() < n {
+        text.push(' ');
+        text.push_str(words[i % words.len()]);
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    while engine.tokenize("m", &text, true, false)?.len() > n {
+        text.pop();
+    }
+    Ok(text)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
+    // llama-bench processes pp tokens in one decode (ubatch 512): match it with the chunk size.
+    engine.set_config(Some("m"), "prefill_chunk", &serde_json::json!(args.pp.max(512)))?;
+    let mut rates = Vec::new();
+    for rep in 0..args.reps + 1 {
+        let prompt = prompt_of(engine, args.pp, 1000 + rep as u64)?;
+        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
+        p.max_tokens = Some(1);
+        p.parse_special = false;
+        let r = engine.infer(&p, |_| true)?;
+        let evaluated = (r.prompt_tokens - r.cached_tokens) as f64;
+        if rep > 0 {
+            // rep 0 warms up, as llama-bench does.
+            rates.push(evaluated / (r.prompt_eval_ns as f64 / 1e9));
+        }
+    }
+    engine.set_config(Some("m"), "prefill_chunk", &serde_json::json!(256))?;
+    Ok(serde_json::json!({ "n_prompt": args.pp, "tokens_per_s": median(rates.clone()), "samples": rates }))
+}
+
+fn run_tg(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
+    let mut rates = Vec::new();
+    for rep in 0..args.reps + 1 {
+        let prompt = format!("{rep}");
+        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
+        p.max_tokens = Some(args.tg + 1);
+        p.ignore_eos = true;
+        let r = engine.infer(&p, |_| true)?;
+        if r.finish_reason != FinishReason::Length {
+            bail!("tg run ended early: {:?}", r.finish_reason);
+        }
+        if rep > 0 {
+            // The first token comes from the prompt step; the rest are single-token decodes.
+            rates.push((r.completion_tokens - 1) as f64 / (r.generation_ns as f64 / 1e9));
+        }
+    }
+    Ok(serde_json::json!({ "n_gen": args.tg, "tokens_per_s": median(rates.clone()), "samples": rates }))
+}
+
+/// `n` sequences at once; decode rate = tokens after each sequence's first, over the window from
+/// the first sequence's first token to the last token of all (llama-batched-bench's S_TG).
+fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json::Value> {
+    let prompts: Vec<String> =
+        (0..n).map(|i| prompt_of(engine, args.npp, 50_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
+    let mut rates = Vec::new();
+    let mut wall_rates = Vec::new();
+    for rep in 0..args.reps.min(3) + 1 {
+        let start = Instant::now();
+        let results: Vec<Result<(u64, u64, u32)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|prompt| {
+                    s.spawn(move || -> Result<(u64, u64, u32)> {
+                        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+                        p.max_tokens = Some(args.ntg);
+                        p.ignore_eos = true;
+                        let (mut first, mut last) = (0u64, 0u64);
+                        let r = engine.infer(&p, |t| {
+                            if first == 0 {
+                                first = t.timestamp_ns;
+                            }
+                            last = t.timestamp_ns;
+                            true
+                        })?;
+                        Ok((first, last, r.completion_tokens))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+        });
+        let wall = start.elapsed().as_secs_f64();
+        let results: Vec<(u64, u64, u32)> = results.into_iter().collect::<Result<_>>()?;
+        let t0 = results.iter().map(|r| r.0).min().unwrap_or(0);
+        let t1 = results.iter().map(|r| r.1).max().unwrap_or(0);
+        let decoded: u64 = results.iter().map(|r| u64::from(r.2.saturating_sub(1))).sum();
+        let generated: u64 = results.iter().map(|r| u64::from(r.2)).sum();
+        if rep > 0 {
+            rates.push(decoded as f64 / ((t1 - t0) as f64 / 1e9));
+            wall_rates.push(generated as f64 / wall);
+        }
+    }
+    Ok(serde_json::json!({
+        "sequences": n, "npp": args.npp, "ntg": args.ntg,
+        "decode_tokens_per_s": median(rates.clone()), "samples": rates,
+        "end_to_end_tokens_per_s": median(wall_rates),
+    }))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut registry = EngineRegistry::new();
+    let manifest = Manifest::load(&args.plugin, 1).with_context(|| format!("plugin {}", args.plugin.display()))?;
+    let plugin = load_one(&args.plugin, manifest, &mut registry)?;
+    let slots = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
+    let engine = EngineInstance::create(
+        &plugin,
+        &InstanceConfig { slots, threads: args.threads, context_length: 1024, ..Default::default() },
+    )?;
+    engine.load_model(&ModelSpec {
+        model_id: "m".into(),
+        primary_file: args.model.display().to_string(),
+        ..Default::default()
+    })?;
+    let mut out = serde_json::json!({
+        "engine": plugin.id(), "engine_version": plugin.manifest.version.to_string(),
+        "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
+        "threads": args.threads, "reps": args.reps,
+    });
+    let want = |t: &str| args.tests.iter().any(|x| x == t);
+    if want("pp") {
+        out["pp"] = run_pp(&engine, &args)?;
+    }
+    if want("tg") {
+        out["tg"] = run_tg(&engine, &args)?;
+    }
+    if want("batch") {
+        out["batch"] =
+            args.concurrency.iter().map(|&n| run_batch(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
