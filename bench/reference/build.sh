@@ -57,11 +57,11 @@ CACHE=${LLMR_REFERENCE_CACHE:-$HOME/.cache/llmr/reference}
 JOBS=${LLMR_REFERENCE_JOBS:-2}
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || die "LLMR_REFERENCE_JOBS must be a positive integer (got '$JOBS')"
 
-mkdir -p "$CACHE" || die "cannot create cache directory $CACHE"
-CACHE=$(cd "$CACHE" && pwd -P)
+CACHE=$(realpath -m -- "$CACHE") || die "cannot resolve the cache path '$CACHE'"
 case "$CACHE/" in
     "$REPO_ROOT/"*) die "the cache ($CACHE) must be outside the repository ($REPO_ROOT)" ;;
 esac
+mkdir -p "$CACHE" || die "cannot create cache directory $CACHE"
 
 WORK=$CACHE/llama-cpp-python-$LCP_VERSION
 SRC=$WORK/llama.cpp

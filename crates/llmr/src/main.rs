@@ -1,6 +1,7 @@
 //! The `llmr` binary: parses the command line, starts logging, and calls library crates.
 
 mod engines_cmd;
+mod run_cmd;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -17,6 +18,8 @@ enum Command {
     /// Inspect and test engine plugins.
     #[command(subcommand)]
     Engines(engines_cmd::EnginesCommand),
+    /// Answer one chat message with a local model, streamed to the terminal.
+    Run(run_cmd::RunArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -27,6 +30,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Engines(cmd) => engines_cmd::run(cmd),
+        Command::Run(args) => run_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
