@@ -184,7 +184,8 @@ typedef struct llmr_engine_config {
     int32_t device_id;          /* GPU ordinal; -1 = the engine's choice */
     uint32_t slots;             /* max concurrent sequences; 0 = the engine's default */
     uint64_t vram_limit_bytes;  /* device memory the instance may use; 0 = no limit */
-    uint32_t context_length;    /* default context per sequence; 0 = the model's own */
+    uint32_t context_length;    /* default context per sequence; 0 = the engine's default (normally
+                                   the model's training context, possibly capped by the engine) */
     uint32_t threads;           /* CPU threads; 0 = the engine's default */
     llmr_log_fn log_fn;         /* may be NULL */
     void *log_user_data;        /* passed back to log_fn */
@@ -389,7 +390,8 @@ LLMR_EXPORT llmr_status llmr_engine_unload_model(llmr_engine *engine, const char
  * together form the document). Known keys (all optional): "architecture", "context_length"
  * (per sequence), "train_context_length", "vocab_size", "embedding_length", "bos_token",
  * "eos_token", "chat_template", "pooling" ("none"|"mean"|"cls"|"last"|"rank"), "quantization",
- * "size_bytes", "parameters". */
+ * "size_bytes", "parameters", "capabilities" (array of "text", "embedding", ...: what this
+ * model, not the engine, can do). */
 LLMR_EXPORT llmr_status llmr_engine_model_info(llmr_engine *engine, const char *model_id,
                                                llmr_write_fn write, void *user_data);
 

@@ -58,6 +58,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let mut registry = EngineRegistry::new();
     discover(&args.engines_dir, &DiscoveryOptions { gpu, allow_cpu: true }, &mut registry);
+    if registry.plugins().is_empty() {
+        bail!(
+            "no engine plugin loaded from {} (build and install them with scripts/install-engines; `llmr engines list` says why a plugin was refused)",
+            args.engines_dir.display()
+        );
+    }
     let format = desc.format.as_str();
     let plugin = registry.resolve(&ModelRequirements {
         runtime: Some(&desc.runtime),

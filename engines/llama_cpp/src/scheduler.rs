@@ -119,10 +119,19 @@ pub struct Scheduler<'m> {
     steps: u64,
 }
 
+/// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
+/// 32k model would reserve gigabytes nobody asked for; when the cells run out, idle caches go
+/// first (`make_room`).
+const MAX_TOTAL_CELLS: u32 = 32768;
+
+/// KV cells of the unified cache shared by all sequences.
+pub fn total_cells(s: &ContextSettings) -> u32 {
+    s.ctx_per_seq.saturating_mul(s.slots).min(s.ctx_per_seq.max(MAX_TOTAL_CELLS))
+}
+
 pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
-    let n_ctx = s.ctx_per_seq.saturating_mul(s.slots).max(s.ctx_per_seq);
     LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_ctx(NonZeroU32::new(total_cells(s)))
         .with_n_batch(2048)
         .with_n_ubatch(512)
         .with_n_seq_max(s.slots)
