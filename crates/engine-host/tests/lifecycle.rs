@@ -3,7 +3,7 @@
 
 #[path = "it/support.rs"]
 mod support;
-use llmr_engine_host::{load_one, EngineInstance, EngineRegistry, InferParams, InstanceConfig, Manifest, ModelSpec};
+use llmr_engine_host::{load_one, EngineInstance, EngineRegistry, InferParams, InstanceConfig, Manifest};
 use support::*;
 
 fn open_fds() -> usize {
@@ -21,13 +21,7 @@ fn cycle(dir: &std::path::Path, model: &std::path::Path) {
     let mut registry = EngineRegistry::new();
     let plugin = load_one(dir, Manifest::load(dir, 1).unwrap(), &mut registry).unwrap();
     let engine = EngineInstance::create(&plugin, &InstanceConfig::default()).unwrap();
-    engine
-        .load_model(&ModelSpec {
-            model_id: "m".into(),
-            primary_file: model.display().to_string(),
-            ..Default::default()
-        })
-        .unwrap();
+    load_as_m(&engine, model);
     let res = engine.infer(&InferParams::greedy(1, "m", "one two three four"), |_| true).unwrap();
     assert_eq!(res.completion_tokens, 4);
     engine.unload_model("m").unwrap();

@@ -105,10 +105,18 @@ struct LoadedModel {
     stats: Arc<Stats>,
 }
 
+/// Settings applied to models loaded from now on (set_config without a model id); `None`
+/// means the instance config's value.
+#[derive(Clone, Copy)]
+struct LoadDefaults {
+    kv_type: Option<KvType>,
+    threads: Option<u32>,
+    prefill_chunk: u32,
+}
+
 pub struct LlamaCppEngine {
     config: EngineConfig,
-    /// Settings applied to models loaded from now on (set_config without a model id).
-    defaults: Mutex<(Option<KvType>, Option<u32>, u32)>,
+    defaults: Mutex<LoadDefaults>,
     models: RwLock<HashMap<String, Arc<LoadedModel>>>,
     running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
@@ -253,7 +261,7 @@ impl Engine for LlamaCppEngine {
             .map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1, 65536) as u32);
         Ok(LlamaCppEngine {
             config,
-            defaults: Mutex::new((None, None, chunk)),
+            defaults: Mutex::new(LoadDefaults { kv_type: None, threads: None, prefill_chunk: chunk }),
             models: RwLock::default(),
             running: Mutex::default(),
         })
@@ -266,21 +274,21 @@ impl Engine for LlamaCppEngine {
         let started = Instant::now();
         let model = Arc::new(model::load(&desc.primary_file, self.gpu_layers())?);
         let meta = model::read_meta(&model, &desc.primary_file);
-        let (kv, threads, chunk) = *self.defaults.lock().unwrap();
+        let defaults = *self.defaults.lock().unwrap();
         let requested_ctx = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };
         let ctx_per_seq = if requested_ctx > 0 { requested_ctx } else { meta.train_ctx.min(DEFAULT_CTX_CAP) };
         let settings = ContextSettings {
             slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
             ctx_per_seq: ctx_per_seq.max(16),
-            threads: threads.unwrap_or_else(|| self.threads()),
-            kv_type: kv.unwrap_or(KvType::F16),
+            threads: defaults.threads.unwrap_or_else(|| self.threads()),
+            kv_type: defaults.kv_type.unwrap_or(KvType::F16),
         };
         let stats = Arc::new(Stats::default());
         let scheduler = if meta.is_encoder {
             None
         } else {
             let (m, st, logger) = (model.clone(), stats.clone(), self.config.logger);
-            let step = StepSettings { prefill_chunk: chunk };
+            let step = StepSettings { prefill_chunk: defaults.prefill_chunk };
             Some(spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
                 scheduler::run(&m, settings, step, rx, st, logger, ready)
             })?)
@@ -446,9 +454,9 @@ impl Engine for LlamaCppEngine {
             None => {
                 let mut d = self.defaults.lock().unwrap();
                 match change {
-                    Change::KvType(t) => d.0 = Some(t),
-                    Change::Threads(n) => d.1 = Some(n),
-                    Change::PrefillChunk(n) => d.2 = n,
+                    Change::KvType(t) => d.kv_type = Some(t),
+                    Change::Threads(n) => d.threads = Some(n),
+                    Change::PrefillChunk(n) => d.prefill_chunk = n,
                 }
                 self.models.read().unwrap().values().cloned().collect()
             }

@@ -3,7 +3,7 @@
 use crate::support::*;
 use llmr_engine_host::{
     discover, load_one, DiscoveryOptions, EngineInstance, EngineRegistry, EngineStatus, FinishReason, InferParams,
-    InstanceConfig, Manifest, ModelSpec, PluginState,
+    InstanceConfig, Manifest, PluginState,
 };
 use std::sync::Arc;
 
@@ -21,13 +21,7 @@ fn single_plugin(root: &std::path::Path) -> Arc<llmr_engine_host::Plugin> {
 fn instance_with_model(plugin: &Arc<llmr_engine_host::Plugin>, model_dir: &std::path::Path) -> EngineInstance {
     let engine = EngineInstance::create(plugin, &InstanceConfig { slots: 2, ..Default::default() }).unwrap();
     let model = dummy_model(model_dir);
-    engine
-        .load_model(&ModelSpec {
-            model_id: "m".into(),
-            primary_file: model.display().to_string(),
-            ..Default::default()
-        })
-        .unwrap();
+    load_as_m(&engine, &model);
     engine
 }
 

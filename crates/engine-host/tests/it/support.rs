@@ -1,5 +1,6 @@
 //! Builds plugin folders in temporary engine roots.
 
+use llmr_engine_host::{EngineInstance, ModelSpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -77,4 +78,11 @@ pub fn dummy_model(dir: &Path) -> PathBuf {
     let p = dir.join("model.gguf");
     std::fs::write(&p, b"not a real model").unwrap();
     p
+}
+
+/// Loads `file` into `engine` under the id `m`, as every echo-plugin test does.
+pub fn load_as_m(engine: &EngineInstance, file: &Path) {
+    engine
+        .load_model(&ModelSpec { model_id: "m".into(), primary_file: file.display().to_string(), ..Default::default() })
+        .unwrap();
 }
