@@ -1,0 +1,104 @@
+//! Admission in front of an engine: up to `slots` requests run, up to `queue_limit` wait, and
+//! the next one is refused with 429 and Retry-After (spec 003: the queue is bounded).
+
+use llmr_openai::ApiError;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub struct Admission {
+    slots: Arc<Semaphore>,
+    total_slots: usize,
+    waiting: AtomicUsize,
+    queue_limit: usize,
+}
+
+/// Held for the whole of one request's engine work; dropping it frees the slot.
+pub type SlotPermit = OwnedSemaphorePermit;
+
+struct WaitingGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Admission {
+    pub fn new(slots: u32, queue_limit: usize) -> Self {
+        let total_slots = slots.max(1) as usize;
+        Admission {
+            slots: Arc::new(Semaphore::new(total_slots)),
+            total_slots,
+            waiting: AtomicUsize::new(0),
+            queue_limit,
+        }
+    }
+
+    /// Waits for a slot, or fails at once with 429 when the queue is full. A caller that goes
+    /// away while waiting leaves the queue (the future is dropped).
+    pub async fn admit(&self) -> Result<SlotPermit, ApiError> {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let before = self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _guard = WaitingGuard(&self.waiting);
+        if before >= self.queue_limit {
+            return Err(ApiError::rate_limited(
+                format!(
+                    "the server is busy: {} requests running and {} queued (the queue limit); retry shortly",
+                    self.total_slots, self.queue_limit
+                ),
+                1,
+            ));
+        }
+        self.slots.clone().acquire_owned().await.map_err(|_| ApiError::unavailable("the model is being unloaded"))
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    pub fn busy(&self) -> usize {
+        self.total_slots - self.slots.available_permits()
+    }
+
+    pub fn total_slots(&self) -> usize {
+        self.total_slots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn admits_slots_then_queues_then_refuses() {
+        let a = Arc::new(Admission::new(1, 1));
+        let first = a.admit().await.unwrap();
+        let a2 = a.clone();
+        let queued = tokio::spawn(async move { a2.admit().await.map(|_| ()) });
+        while a.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let refused = a.admit().await.unwrap_err();
+        assert_eq!((refused.status, refused.retry_after), (429, Some(1)));
+        drop(first);
+        queued.await.unwrap().unwrap();
+        assert_eq!((a.waiting(), a.busy()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_leaves_frees_its_queue_place() {
+        let a = Arc::new(Admission::new(1, 1));
+        let _first = a.admit().await.unwrap();
+        let a2 = a.clone();
+        let queued = tokio::spawn(async move { a2.admit().await.map(|_| ()) });
+        while a.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        queued.abort();
+        let _ = queued.await;
+        assert_eq!(a.waiting(), 0);
+    }
+}

@@ -1,0 +1,229 @@
+//! One generation, from admission to the last token: runs the engine on a blocking thread and
+//! hands its tokens to the async handler through a channel.
+//!
+//! Cancellation has two paths, both needed: a dropped receiver (the client went away) makes the
+//! next token callback return false, which stops decoding at once; dropping the [`Generation`]
+//! before the end also calls the engine's `cancel`, which reaches a request still queued inside
+//! the engine or in prefill, where no token callback runs yet.
+
+use crate::admission::SlotPermit;
+use crate::cache::{CacheKey, CachedGeneration, GenerationCache};
+use crate::metrics as m;
+use crate::models::LoadedModel;
+use llmr_engine_host::{CallError, FinishReason, InferParams};
+use llmr_openai::{ApiError, Sampling, TokenLogprob};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone)]
+pub struct Piece {
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    /// false: stopped by the length limit (or the context).
+    pub stopped: bool,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug)]
+pub enum GenEvent {
+    Piece(Piece),
+    Done(Result<Finished, ApiError>),
+}
+
+/// What to generate from.
+pub struct GenerationInput {
+    pub prompt: String,
+    pub sampling: Sampling,
+    pub add_bos: bool,
+    pub parse_special: bool,
+    pub endpoint: &'static str,
+    pub arrived: Instant,
+}
+
+/// A running (or replayed) generation. Dropping it early cancels the engine work.
+pub struct Generation {
+    pub events: mpsc::UnboundedReceiver<GenEvent>,
+    _cancel: Option<CancelOnDrop>,
+}
+
+struct CancelOnDrop {
+    model: Arc<LoadedModel>,
+    request_id: u64,
+    finished: Arc<AtomicBool>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.finished.load(Ordering::Acquire) {
+            self.model.engine.cancel(self.request_id);
+        }
+    }
+}
+
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
+
+pub fn engine_error(e: CallError) -> ApiError {
+    ApiError::with_status(e.status.http_status(), e.message).with_code(e.status.code())
+}
+
+/// Prompt tokens as the engine counts them (for the context check before admission).
+pub async fn count_tokens(
+    model: &Arc<LoadedModel>,
+    prompt: &str,
+    add_bos: bool,
+    parse_special: bool,
+) -> Result<u32, ApiError> {
+    let model = model.clone();
+    let prompt = prompt.to_owned();
+    tokio::task::spawn_blocking(move || model.engine.tokenize(&prompt, add_bos, parse_special))
+        .await
+        .map_err(|e| ApiError::server(format!("tokenizer panicked: {e}")))?
+        .map(|t| t.len() as u32)
+        .map_err(engine_error)
+}
+
+/// The settings besides the prompt that decide a greedy output, for the cache key.
+pub fn settings_key(s: &Sampling, add_bos: bool, parse_special: bool) -> String {
+    format!(
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={add_bos} special={parse_special}",
+        s.max_tokens, s.top_k, s.top_p, s.min_p, s.repeat_penalty, s.presence_penalty, s.frequency_penalty, s.stop
+    )
+}
+
+/// Replays a cached answer as if it were generated.
+pub fn replay(hit: CachedGeneration) -> Generation {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for text in hit.pieces {
+        let _ = tx.send(GenEvent::Piece(Piece { text, logprob: None }));
+    }
+    let _ = tx.send(GenEvent::Done(Ok(Finished {
+        stopped: hit.finish_stop,
+        prompt_tokens: hit.prompt_tokens,
+        completion_tokens: hit.completion_tokens,
+        cached_tokens: hit.prompt_tokens,
+    })));
+    Generation { events: rx, _cancel: None }
+}
+
+/// Starts generating on a blocking thread; the permit is held until the engine returns.
+pub fn start(
+    model: Arc<LoadedModel>,
+    permit: SlotPermit,
+    input: GenerationInput,
+    cache: Option<(Arc<GenerationCache>, CacheKey)>,
+) -> Generation {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let request_id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
+    let finished = Arc::new(AtomicBool::new(false));
+    let guard = CancelOnDrop { model: model.clone(), request_id, finished: finished.clone() };
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let s = &input.sampling;
+        let params = InferParams {
+            max_tokens: s.max_tokens,
+            top_k: s.top_k,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            seed: s.seed,
+            stop: &s.stop,
+            logprobs: s.logprobs,
+            parse_special: input.parse_special,
+            add_bos: input.add_bos,
+            ..InferParams::greedy(request_id, &model.name, &input.prompt)
+        };
+        let labels = [("model", model.name.clone()), ("endpoint", input.endpoint.to_owned())];
+        let mut first: Option<Instant> = None;
+        let mut last = input.arrived;
+        let mut pieces: Option<Vec<String>> = cache.as_ref().map(|_| Vec::new());
+        let result = model.engine.generate(&params, &mut |ev| {
+            let now = Instant::now();
+            match first {
+                None => {
+                    first = Some(now);
+                    metrics::histogram!(m::TTFT, &labels).record(now.duration_since(input.arrived).as_secs_f64());
+                }
+                Some(_) => metrics::histogram!(m::INTER_TOKEN, &labels).record(now.duration_since(last).as_secs_f64()),
+            }
+            last = now;
+            let logprob = params.logprobs.map(|_| TokenLogprob {
+                text: ev.text.to_string(),
+                logprob: ev.logprob,
+                top: ev.top.iter().map(|t| (t.text.clone(), t.logprob)).collect(),
+            });
+            let text = ev.text.to_string();
+            if let Some(p) = pieces.as_mut() {
+                p.push(text.clone());
+            }
+            tx.send(GenEvent::Piece(Piece { text, logprob })).is_ok()
+        });
+        finished.store(true, Ordering::Release);
+        let done = match result {
+            Ok(r) => {
+                metrics::counter!(m::PROMPT_TOKENS, &labels).increment(r.prompt_tokens as u64);
+                metrics::counter!(m::GENERATED_TOKENS, &labels).increment(r.completion_tokens as u64);
+                metrics::histogram!(m::REQUEST_DURATION, &labels).record(input.arrived.elapsed().as_secs_f64());
+                if r.completion_tokens > 1 && r.generation_ns > 0 {
+                    let rate = (r.completion_tokens - 1) as f64 / (r.generation_ns as f64 / 1e9);
+                    metrics::histogram!(m::DECODE_RATE, &labels).record(rate);
+                }
+                let stopped = r.finish_reason == FinishReason::Stop;
+                if let (Some((cache, key)), Some(pieces), true) =
+                    (cache, pieces, r.finish_reason != FinishReason::Cancelled)
+                {
+                    cache.put(
+                        key,
+                        CachedGeneration {
+                            pieces,
+                            finish_stop: stopped,
+                            prompt_tokens: r.prompt_tokens,
+                            completion_tokens: r.completion_tokens,
+                        },
+                    );
+                }
+                Ok(Finished {
+                    stopped,
+                    prompt_tokens: r.prompt_tokens,
+                    completion_tokens: r.completion_tokens,
+                    cached_tokens: r.cached_tokens,
+                })
+            }
+            Err(e) => Err(engine_error(e)),
+        };
+        let _ = tx.send(GenEvent::Done(done));
+    });
+    Generation { events: rx, _cancel: Some(guard) }
+}
+
+/// The whole generation, collected (non-streaming responses).
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finished: Finished,
+}
+
+pub async fn collect(mut generation: Generation) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(ev) = generation.events.recv().await {
+        match ev {
+            GenEvent::Piece(p) => {
+                text.push_str(&p.text);
+                logprobs.extend(p.logprob);
+            }
+            GenEvent::Done(done) => return done.map(|finished| Collected { text, logprobs, finished }),
+        }
+    }
+    Err(ApiError::server("the engine stopped without finishing the request"))
+}

@@ -1,0 +1,17 @@
+//! `/v1/models` and `/v1/models/{id}`.
+
+use super::{HttpError, SharedState};
+use axum::extract::{Path, State};
+use axum::Json;
+use llmr_openai::{ApiError, ModelList, ModelObject};
+
+pub async fn list(State(state): State<SharedState>) -> Json<ModelList> {
+    Json(ModelList::new(state.models.entries().map(|e| ModelObject::new(e.desc.name.clone(), e.created)).collect()))
+}
+
+pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Result<Json<ModelObject>, HttpError> {
+    match state.models.entry(&id) {
+        Some(e) => Ok(Json(ModelObject::new(e.desc.name.clone(), e.created))),
+        None => Err(HttpError(ApiError::model_not_found(&id))),
+    }
+}

@@ -1,0 +1,125 @@
+//! Building a node from its configuration, and serving it.
+
+use crate::cache::GenerationCache;
+use crate::engine::EngineSettings;
+use crate::http::{self, AppState, SharedState};
+use crate::models::{build_catalog, total_memory_bytes, ModelManager, ModelPolicy};
+use anyhow::{bail, Result};
+use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
+use llmr_model_store::ModelDescriptor;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub engines_dir: PathBuf,
+    /// The models to serve (from the store and from files named on the command line).
+    pub models: Vec<ModelDescriptor>,
+    /// Requests each model runs at once (engine slots).
+    pub slots: u32,
+    /// Requests that may wait for a slot, per model, before 429.
+    pub queue_limit: usize,
+    /// 0: the engine's default.
+    pub threads: u32,
+    /// Per-request context; 0: the engine's default.
+    pub context_length: u32,
+    /// `None`: 90% of RAM (spec).
+    pub memory_budget: Option<u64>,
+    /// Temperature-0 answer cache; `None`: 5% of RAM (spec 003); `Some(0)`: off.
+    pub cache_bytes: Option<usize>,
+    pub api_key: Option<String>,
+    pub body_limit: usize,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            engines_dir: PathBuf::from("engines"),
+            models: Vec::new(),
+            slots: 4,
+            queue_limit: 64,
+            threads: 0,
+            context_length: 0,
+            memory_budget: None,
+            cache_bytes: None,
+            api_key: None,
+            body_limit: 16 << 20,
+        }
+    }
+}
+
+pub struct Node {
+    state: SharedState,
+}
+
+impl Node {
+    /// Discovers the engine plugins and builds the catalog; loads nothing yet.
+    pub fn new(config: NodeConfig) -> Result<Node> {
+        let gpu = detect_gpu();
+        let mut registry = EngineRegistry::new();
+        let found = discover(&config.engines_dir, &DiscoveryOptions { gpu, allow_cpu: true }, &mut registry);
+        for f in &found {
+            if let PluginState::Refused(reason) = &f.state {
+                tracing::warn!(dir = %f.dir.display(), "engine plugin refused: {reason}");
+            }
+        }
+        if registry.plugins().is_empty() {
+            bail!(
+                "no engine plugin loaded from {} (build and install them with scripts/install-engines; `llmr engines list` says why a plugin was refused)",
+                config.engines_dir.display()
+            );
+        }
+        let ram = total_memory_bytes().unwrap_or(8 << 30);
+        let catalog = build_catalog(config.models.clone(), &registry);
+        let policy = ModelPolicy {
+            engine: EngineSettings {
+                slots: config.slots,
+                threads: config.threads,
+                context_length: config.context_length,
+                host_memory_total_bytes: ram,
+            },
+            queue_limit: config.queue_limit,
+            memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
+        };
+        let cache_bytes = config.cache_bytes.unwrap_or((ram / 20) as usize);
+        let state = Arc::new(AppState {
+            models: Arc::new(ModelManager::new(catalog, policy)),
+            cache: Arc::new(GenerationCache::new(cache_bytes)),
+            api_key: config.api_key.clone(),
+            body_limit: config.body_limit,
+            fingerprint: format!("llmr-{}", env!("CARGO_PKG_VERSION")),
+        });
+        crate::metrics::handle();
+        Ok(Node { state })
+    }
+
+    pub fn models(&self) -> &Arc<ModelManager> {
+        &self.state.models
+    }
+
+    pub fn router(&self) -> axum::Router {
+        http::router(self.state.clone())
+    }
+
+    /// Loads a model in the background, so the first request finds it ready (or waits for the
+    /// same load instead of starting another).
+    pub fn preload(&self, name: &str) {
+        let models = self.state.models.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = models.get(&name).await {
+                tracing::error!(model = %name, "preloading failed: {}", e.message);
+            }
+        });
+    }
+
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await?;
+        Ok(())
+    }
+}

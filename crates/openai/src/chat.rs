@@ -1,0 +1,466 @@
+//! `/v1/chat/completions`: the request as sent, its validation into a [`ChatRequest`], and the
+//! response and stream-chunk shapes.
+
+use crate::common::{Logprobs, StreamOptions, Usage};
+use crate::sampling::{Sampling, SamplingWire, StopWire};
+use crate::ApiError;
+use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, Role, Tool, ToolCall};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<WireMessage>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    #[serde(default)]
+    pub repeat_penalty: Option<f64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopWire>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub tools: Option<Vec<WireTool>>,
+    #[serde(default)]
+    pub tool_choice: Option<WireToolChoice>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Passed to the chat template as variables (e.g. `enable_thinking`), as vLLM and llama.cpp do.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WireMessage {
+    pub role: Role,
+    #[serde(default)]
+    pub content: Option<WireContent>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<WireToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default, alias = "reasoning")]
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum WireContent {
+    Text(String),
+    Parts(Vec<WirePart>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WirePart {
+    Text { text: String },
+    ImageUrl { image_url: WireImageUrl },
+    Refusal { refusal: String },
+    InputAudio { input_audio: serde_json::Value },
+    File { file: serde_json::Value },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WireImageUrl {
+    pub url: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WireToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: WireFunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WireFunctionCall {
+    pub name: String,
+    /// A JSON text, as OpenAI sends it.
+    pub arguments: String,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WireTool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: WireFunctionDef,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WireFunctionDef {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum WireToolChoice {
+    Mode(String),
+    Named { r#type: String, function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// What the request allows the model to do with its tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Tools are not offered (also when the request has none).
+    None,
+    Auto,
+    Required,
+    Function(String),
+}
+
+/// A validated chat request, in the terms the template and the engine use.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
+    pub sampling: Sampling,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// `response_format: {"type": "json_object" | "json_schema"}` was asked for.
+    pub json_mode: bool,
+}
+
+impl ChatCompletionRequest {
+    pub fn validate(self) -> Result<ChatRequest, ApiError> {
+        if self.model.trim().is_empty() {
+            return Err(ApiError::invalid("model", "must not be empty"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "must contain at least one message"));
+        }
+        let (max_tokens, field) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => (Some(m), "max_completion_tokens"),
+            (None, m) => (m, "max_tokens"),
+        };
+        let mut sampling = SamplingWire {
+            max_tokens,
+            max_tokens_field: field,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop,
+            n: self.n,
+        }
+        .validate()?;
+        sampling.logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
+            (_, Some(n)) if !(0..=20).contains(&n) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("{n} is out of range; it must be between 0 and 20"),
+                ))
+            }
+            (false, Some(n)) if n > 0 => return Err(ApiError::invalid("top_logprobs", "requires `logprobs: true`")),
+            (true, n) => Some(n.unwrap_or(0) as u32),
+            (false, _) => None,
+        };
+        let mut messages = Vec::with_capacity(self.messages.len());
+        let mut any_text = false;
+        for (i, m) in self.messages.into_iter().enumerate() {
+            let msg = convert_message(i, m)?;
+            any_text |= has_text(&msg) || !msg.tool_calls.is_empty();
+            messages.push(msg);
+        }
+        if !any_text {
+            return Err(ApiError::invalid("messages", "every message is empty; the prompt would be empty"));
+        }
+        let tools: Vec<Tool> = self
+            .tools
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.kind != "function" {
+                    return Err(ApiError::invalid(
+                        &format!("tools[{i}].type"),
+                        format!("`{}` is not supported; use `function`", t.kind),
+                    ));
+                }
+                if t.function.name.trim().is_empty() {
+                    return Err(ApiError::invalid(&format!("tools[{i}].function.name"), "must not be empty"));
+                }
+                Ok(Tool::function(t.function.name, t.function.description, t.function.parameters))
+            })
+            .collect::<Result<_, _>>()?;
+        let tool_choice = match self.tool_choice {
+            None if tools.is_empty() => ToolChoice::None,
+            None => ToolChoice::Auto,
+            Some(WireToolChoice::Mode(m)) => match m.as_str() {
+                "none" => ToolChoice::None,
+                "auto" => ToolChoice::Auto,
+                "required" => ToolChoice::Required,
+                other => {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        format!("`{other}` is not one of `none`, `auto`, `required` or a named function"),
+                    ))
+                }
+            },
+            Some(WireToolChoice::Named { function, .. }) => {
+                if !tools.iter().any(|t| t.function.name == function.name) {
+                    return Err(ApiError::invalid(
+                        "tool_choice.function.name",
+                        format!("`{}` is not one of the request's tools", function.name),
+                    ));
+                }
+                ToolChoice::Function(function.name)
+            }
+        };
+        if tools.is_empty() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+            return Err(ApiError::invalid("tool_choice", "requires `tools`"));
+        }
+        let json_mode = match &self.response_format {
+            None => false,
+            Some(v) => match v.get("type").and_then(|t| t.as_str()) {
+                Some("text") => false,
+                Some("json_object") | Some("json_schema") => true,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format.type",
+                        "must be one of `text`, `json_object`, `json_schema`",
+                    ))
+                }
+            },
+        };
+        let stream = self.stream.unwrap_or(false);
+        Ok(ChatRequest {
+            model: self.model,
+            messages,
+            tools,
+            tool_choice,
+            sampling,
+            stream,
+            include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
+            template_kwargs: self.chat_template_kwargs.unwrap_or_default(),
+            json_mode,
+        })
+    }
+}
+
+fn has_text(m: &Message) -> bool {
+    match &m.content {
+        None => false,
+        Some(Content::Text(t)) => !t.trim().is_empty(),
+        Some(Content::Parts(parts)) => parts.iter().any(|p| match p {
+            ContentPart::Text { text } => !text.trim().is_empty(),
+            _ => true,
+        }),
+    }
+}
+
+fn convert_message(i: usize, m: WireMessage) -> Result<Message, ApiError> {
+    let content = match m.content {
+        None => None,
+        Some(WireContent::Text(t)) => Some(Content::Text(t)),
+        Some(WireContent::Parts(parts)) => {
+            let mut out = Vec::with_capacity(parts.len());
+            for (j, p) in parts.into_iter().enumerate() {
+                out.push(match p {
+                    WirePart::Text { text } => ContentPart::Text { text },
+                    WirePart::Refusal { refusal } => ContentPart::Text { text: refusal },
+                    WirePart::ImageUrl { image_url } => {
+                        ContentPart::ImageUrl { image_url: ImageUrl { url: image_url.url } }
+                    }
+                    WirePart::InputAudio { .. } | WirePart::File { .. } => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{i}].content[{j}].type"),
+                            "audio and file parts are not supported by chat models here",
+                        ))
+                    }
+                });
+            }
+            Some(Content::Parts(out))
+        }
+    };
+    if m.role == Role::Tool && m.tool_call_id.is_none() {
+        return Err(ApiError::invalid(&format!("messages[{i}].tool_call_id"), "is required for a `tool` message"));
+    }
+    let tool_calls = m
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| ToolCall::from_json_arguments(Some(c.id), c.function.name, &c.function.arguments))
+        .collect();
+    Ok(Message {
+        role: m.role,
+        content,
+        reasoning_content: m.reasoning_content,
+        tool_calls,
+        tool_call_id: m.tool_call_id,
+        name: m.name,
+    })
+}
+
+// ---- responses ----
+
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ResponseMessage,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ResponseMessage {
+    pub role: &'static str,
+    pub content: Option<String>,
+    pub refusal: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<WireToolCall>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatCompletionChunk<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub system_fingerprint: &'a str,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallChunk>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ToolCallChunk {
+    pub index: u32,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: WireFunctionCall,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_body;
+
+    fn req(json: &str) -> Result<ChatRequest, ApiError> {
+        parse_body::<ChatCompletionRequest>(json.as_bytes())?.validate()
+    }
+
+    #[test]
+    fn a_full_request_converts() {
+        let r = req(r#"{"model":"m","messages":[
+            {"role":"system","content":"be brief"},
+            {"role":"user","content":[{"type":"text","text":"hi"}]},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"42"}],
+            "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],
+            "tool_choice":{"type":"function","function":{"name":"f"}},
+            "max_completion_tokens":5,"stream":true,"stream_options":{"include_usage":true},
+            "logprobs":true,"top_logprobs":2,"stop":"\n"}"#)
+        .unwrap();
+        assert_eq!(r.messages.len(), 4);
+        assert_eq!(r.messages[2].tool_calls[0].function.arguments, serde_json::json!({"a": 1}));
+        assert_eq!(r.tool_choice, ToolChoice::Function("f".into()));
+        assert_eq!((r.sampling.max_tokens, r.sampling.logprobs), (Some(5), Some(2)));
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.sampling.stop, vec!["\n".to_string()]);
+    }
+
+    #[test]
+    fn invalid_requests_name_the_field() {
+        let cases = [
+            (r#"{"model":"m","messages":[]}"#, "messages"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"  \n "}]}"#, "messages"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#, "temperature"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, "max_tokens"),
+            (r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#, "messages[0].tool_call_id"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"}"#, "tool_choice"),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes","tools":[{"type":"function","function":{"name":"f"}}]}"#,
+                "tool_choice",
+            ),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3}"#, "top_logprobs"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#, "n"),
+            (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "model"),
+        ];
+        for (json, param) in cases {
+            let e = req(json).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{json}: {}", e.message);
+            assert!(e.message.starts_with(param), "{}", e.message);
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! `/v1/completions` (legacy text completion).
+
+use crate::common::{StreamOptions, Usage};
+use crate::sampling::{Sampling, SamplingWire, StopWire};
+use crate::ApiError;
+use serde::{Deserialize, Serialize};
+
+/// OpenAI's documented default for this endpoint.
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: PromptWire,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    #[serde(default)]
+    pub repeat_penalty: Option<f64>,
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopWire>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub best_of: Option<i64>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptWire {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Clone)]
+pub struct TextCompletionRequest {
+    pub model: String,
+    pub prompt: String,
+    pub sampling: Sampling,
+    pub echo: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl CompletionRequest {
+    pub fn validate(self) -> Result<TextCompletionRequest, ApiError> {
+        if self.model.trim().is_empty() {
+            return Err(ApiError::invalid("model", "must not be empty"));
+        }
+        let prompt = match self.prompt {
+            PromptWire::Text(t) => t,
+            PromptWire::Texts(mut v) if v.len() == 1 => v.remove(0),
+            PromptWire::Texts(v) => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("{} prompts were sent; one per request is supported", v.len()),
+                ))
+            }
+            PromptWire::Tokens(_) | PromptWire::TokenLists(_) => {
+                return Err(ApiError::invalid("prompt", "token-id prompts are not supported; send text"))
+            }
+        };
+        if prompt.trim().is_empty() {
+            return Err(ApiError::invalid("prompt", "must not be empty or whitespace only"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "is not supported"));
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(ApiError::invalid("best_of", "only 1 is supported"));
+        }
+        let mut sampling = SamplingWire {
+            max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS as i64)),
+            max_tokens_field: "max_tokens",
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop,
+            n: self.n,
+        }
+        .validate()?;
+        sampling.logprobs = match self.logprobs {
+            None => None,
+            Some(n) if (0..=5).contains(&n) => Some(n as u32),
+            Some(n) => {
+                return Err(ApiError::invalid("logprobs", format!("{n} is out of range; it must be between 0 and 5")))
+            }
+        };
+        let stream = self.stream.unwrap_or(false);
+        Ok(TextCompletionRequest {
+            model: self.model,
+            prompt,
+            sampling,
+            echo: self.echo.unwrap_or(false),
+            stream,
+            include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextCompletion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub system_fingerprint: &'a str,
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<TextLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The legacy logprobs shape: parallel arrays.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TextLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl TextLogprobs {
+    pub fn from_tokens(tokens: &[crate::TokenLogprob], start_offset: usize) -> Self {
+        let mut out = TextLogprobs::default();
+        let mut offset = start_offset;
+        for t in tokens {
+            out.tokens.push(t.text.clone());
+            out.token_logprobs.push(t.logprob);
+            out.top_logprobs.push(t.top.iter().map(|(s, lp)| (s.clone(), serde_json::Value::from(*lp))).collect());
+            out.text_offset.push(offset);
+            offset += t.text.len();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_body;
+
+    fn req(json: &str) -> Result<TextCompletionRequest, ApiError> {
+        parse_body::<CompletionRequest>(json.as_bytes())?.validate()
+    }
+
+    #[test]
+    fn defaults_and_errors() {
+        let r = req(r#"{"model":"m","prompt":"Once"}"#).unwrap();
+        assert_eq!(r.sampling.max_tokens, Some(DEFAULT_COMPLETION_MAX_TOKENS));
+        assert_eq!(req(r#"{"model":"m","prompt":["Once"]}"#).unwrap().prompt, "Once");
+        for (json, param) in [
+            (r#"{"model":"m","prompt":"   "}"#, "prompt"),
+            (r#"{"model":"m","prompt":""}"#, "prompt"),
+            (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
+            (r#"{"model":"m","prompt":"x","logprobs":9}"#, "logprobs"),
+            (r#"{"model":"m","prompt":"x","top_p":1.5}"#, "top_p"),
+        ] {
+            let e = req(json).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{json}");
+        }
+    }
+}
