@@ -1,7 +1,12 @@
 //! The `llmr` binary: parses the command line, starts logging, and calls library crates.
 
+mod chat_cmd;
+mod config;
 mod engines_cmd;
+mod list_cmd;
+mod pull_cmd;
 mod run_cmd;
+mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -20,6 +25,14 @@ enum Command {
     Engines(engines_cmd::EnginesCommand),
     /// Answer one chat message with a local model, streamed to the terminal.
     Run(run_cmd::RunArgs),
+    /// Serve models over the OpenAI API on this machine.
+    Serve(serve_cmd::ServeArgs),
+    /// Download a GGUF model from a Hugging Face compatible hub (or import a local file) into the store.
+    Pull(pull_cmd::PullArgs),
+    /// List the models in the local store.
+    List(list_cmd::ListArgs),
+    /// Chat in the terminal with a model on a running llmr (or any OpenAI-compatible) server.
+    Chat(chat_cmd::ChatArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,6 +44,10 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Engines(cmd) => engines_cmd::run(cmd),
         Command::Run(args) => run_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Serve(args) => serve_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Pull(args) => pull_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::List(args) => list_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Chat(args) => chat_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

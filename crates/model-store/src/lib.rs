@@ -14,6 +14,7 @@ pub mod gguf;
 mod import;
 mod layout;
 mod name;
+pub mod pull;
 mod safetensors;
 mod store;
 
