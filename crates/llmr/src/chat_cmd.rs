@@ -26,6 +26,12 @@ pub struct ChatArgs {
     /// A system message that starts every conversation.
     #[arg(long)]
     system: Option<String>,
+    /// Sampling temperature (0 = greedy) [default: the server's].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Most tokens per answer [default: until the model stops or the context is full].
+    #[arg(long)]
+    max_tokens: Option<u32>,
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
@@ -37,6 +43,13 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let interactive = io::stdin().is_terminal();
     if interactive {
         eprintln!("chatting with {model} at {}; /reset clears the conversation, /exit or Ctrl-D ends", server.base);
+    }
+    let mut options = serde_json::Map::new();
+    if let Some(t) = args.temperature {
+        options.insert("temperature".into(), json!(t));
+    }
+    if let Some(m) = args.max_tokens {
+        options.insert("max_tokens".into(), json!(m));
     }
     let start: Vec<Value> = args.system.iter().map(|s| json!({ "role": "system", "content": s })).collect();
     let mut history = start.clone();
@@ -64,7 +77,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         history.push(json!({ "role": "user", "content": line }));
         let mut printed = false;
-        let reply = server.complete(&model, &history, &mut |text| {
+        let reply = server.complete(&model, &history, &options, &mut |text| {
             printed = true;
             stdout.write_all(text.as_bytes())?;
             stdout.flush()
@@ -134,9 +147,11 @@ impl Server {
         &self,
         model: &str,
         messages: &[Value],
+        options: &serde_json::Map<String, Value>,
         on_text: &mut dyn FnMut(&str) -> io::Result<()>,
     ) -> Result<String> {
-        let body = json!({ "model": model, "messages": messages, "stream": true });
+        let mut body = json!({ "model": model, "messages": messages, "stream": true });
+        body.as_object_mut().expect("an object").extend(options.clone());
         let request = self
             .http
             .post(format!("{}/v1/chat/completions", self.base))

@@ -50,6 +50,11 @@ unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *
             *LAST_ERROR.lock().unwrap() = line.to_string();
             llmr_engine_sdk::abi::LLMR_LOG_ERROR
         }
+        // With a unified KV cache llama.cpp compares the whole cache with the training context;
+        // the scheduler caps each sequence at its own context, so this one is not a warning.
+        llama_cpp_sys_2::GGML_LOG_LEVEL_WARN if line.contains("n_ctx_seq") && line.contains("n_ctx_train") => {
+            llmr_engine_sdk::abi::LLMR_LOG_DEBUG
+        }
         llama_cpp_sys_2::GGML_LOG_LEVEL_WARN => llmr_engine_sdk::abi::LLMR_LOG_WARN,
         llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => llmr_engine_sdk::abi::LLMR_LOG_DEBUG,
         _ => llmr_engine_sdk::abi::LLMR_LOG_TRACE,

@@ -1,0 +1,220 @@
+//! `llmr serve` as a real process on loopback, with the real llama.cpp plugin and real models:
+//! the node behaviours the OpenAI SDK tests (tests/e2e) do not reach.
+//!
+//! Needs `scripts/install-engines` (the plugin in `engines/`) and `scripts/fetch-models smollm2
+//! gemma3 minilm`; `scripts/test` does both first.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model(file: &str) -> String {
+    let dir = std::env::var_os("LLMR_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/llmr/models"));
+    let path = dir.join(file);
+    assert!(path.is_file(), "{} is missing: run scripts/fetch-models", path.display());
+    path.display().to_string()
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    http: Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(args: &[&str]) -> Server {
+    let engines = repo().join("engines");
+    assert!(
+        engines.join("llama_cpp/cpu/libllmr_llama_cpp.so").is_file(),
+        "the llama.cpp plugin is not installed: run scripts/install-engines"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llmr"))
+        // One thread: several servers run at once under `cargo test` on a small machine, and
+        // llama.cpp threads that outnumber the free cores slow everyone down by orders of magnitude.
+        .args(["serve", "--port", "0", "--threads", "1", "--engines-dir", engines.to_str().unwrap()])
+        .args(args)
+        .env("HOME", tempfile::tempdir().unwrap().keep())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("llmr serve exited before listening").unwrap();
+        if let Some(rest) = line.strip_prefix("llmr listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, url, http: Client::builder().timeout(Duration::from_secs(120)).build().unwrap() }
+}
+
+impl Server {
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let resp = self.http.post(format!("{}{path}", self.url)).json(body).send().unwrap();
+        (resp.status().as_u16(), resp.json().unwrap())
+    }
+
+    fn get_text(&self, path: &str) -> String {
+        self.http.get(format!("{}{path}", self.url)).send().unwrap().text().unwrap()
+    }
+
+    fn health(&self) -> Value {
+        serde_json::from_str(&self.get_text("/health")).unwrap()
+    }
+}
+
+fn chat(model: &str, text: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0})
+}
+
+/// The value of a metric line `name{labels} value` (summed over label sets matching `filter`).
+fn metric(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn temperature_zero_answers_are_cached_and_metrics_count_them() {
+    let s = serve(&["--model", &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"))]);
+    let (status, first) = s.post("/v1/chat/completions", &chat("smollm2", "Name a color."));
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = s.post("/v1/chat/completions", &chat("smollm2", "Name a color."));
+    assert_eq!(first["choices"][0]["message"], second["choices"][0]["message"]);
+    assert_eq!(first["usage"]["completion_tokens"], second["usage"]["completion_tokens"]);
+    let m = s.get_text("/metrics");
+    assert_eq!(metric(&m, "llmr_generation_cache_hits_total", "smollm2"), 1.0, "{m}");
+    // The first request generated; the second was replayed (not counted as generated again).
+    let generated = metric(&m, "llmr_generated_tokens_total", "smollm2");
+    assert_eq!(generated, first["usage"]["completion_tokens"].as_f64().unwrap(), "{m}");
+    assert_eq!(metric(&m, "llmr_time_to_first_token_seconds_count", "smollm2"), 1.0, "{m}");
+    assert!(metric(&m, "llmr_inter_token_latency_seconds_count", "smollm2") >= 1.0, "{m}");
+    assert_eq!(metric(&m, "llmr_requests_total", "chat"), 2.0, "{m}");
+    assert_eq!(metric(&m, "llmr_models_loaded", ""), 1.0, "{m}");
+    assert!(m.contains("llmr_kv_cache_usage_ratio{model=\"smollm2\"}"), "{m}");
+    assert!(m.contains("llmr_queue_depth{model=\"smollm2\"} 0"), "{m}");
+
+    // A different setting is a different answer: not a hit.
+    let mut other = chat("smollm2", "Name a color.");
+    other["max_tokens"] = json!(3);
+    let (_, third) = s.post("/v1/chat/completions", &other);
+    assert_eq!(third["usage"]["completion_tokens"], 3);
+    assert_eq!(metric(&s.get_text("/metrics"), "llmr_generation_cache_hits_total", ""), 1.0);
+
+    // An error is counted with its status.
+    let (status, _) = s.post("/v1/chat/completions", &chat("nope", "x"));
+    assert_eq!(status, 404);
+    assert_eq!(metric(&s.get_text("/metrics"), "llmr_request_errors_total", "status=\"404\""), 1.0);
+}
+
+#[test]
+fn the_cache_can_be_turned_off() {
+    let s = serve(&["--cache-mib", "0", "--model", &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"))]);
+    for _ in 0..2 {
+        assert_eq!(s.post("/v1/chat/completions", &chat("smollm2", "Name a color.")).0, 200);
+    }
+    let m = s.get_text("/metrics");
+    assert_eq!(metric(&m, "llmr_generation_cache_hits_total", ""), 0.0);
+    assert_eq!(metric(&m, "llmr_time_to_first_token_seconds_count", "smollm2"), 2.0, "{m}");
+}
+
+#[test]
+fn idle_models_are_unloaded_least_recently_used_first_under_the_memory_budget() {
+    // Footprints (weights + KV allowance): SmolLM2 162 MB, MiniLM 110 MB, Gemma 3 317 MB. All three
+    // do not fit in 450 MiB (472 MB); Gemma with MiniLM does.
+    let s = serve(&[
+        "--memory-budget-mib",
+        "450",
+        "--model",
+        &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf")),
+        "--model",
+        &format!("gemma3={}", model("gemma-3-270m-q4_k_m.gguf")),
+        "--model",
+        &format!("minilm={}", model("all-minilm-l6-v2-f16.gguf")),
+    ]);
+    assert_eq!(s.post("/v1/chat/completions", &chat("smollm2", "Hi")).0, 200);
+    assert_eq!(s.health()["models_loaded"], json!(["smollm2"]));
+    // MiniLM is small: it fits beside SmolLM2.
+    let (status, emb) = s.post("/v1/embeddings", &json!({"model": "minilm", "input": "hello"}));
+    assert_eq!(status, 200, "{emb}");
+    assert_eq!(s.health()["models_loaded"], json!(["minilm", "smollm2"]));
+    // Gemma needs room: SmolLM2 was used least recently, so it goes, and only it.
+    assert_eq!(s.post("/v1/chat/completions", &chat("gemma3", "Hi")).0, 200);
+    let loaded = s.health()["models_loaded"].clone();
+    assert_eq!(loaded, json!(["gemma3", "minilm"]), "{loaded}");
+    // And it comes back on demand.
+    assert_eq!(s.post("/v1/chat/completions", &chat("smollm2", "Hello there")).0, 200);
+    assert!(s.health()["models_loaded"].as_array().unwrap().contains(&json!("smollm2")));
+}
+
+#[test]
+fn oversized_bodies_wrong_keys_and_wrong_model_kinds_are_clear_errors() {
+    let s = serve(&[
+        "--api-key",
+        "sekrit",
+        "--body-limit-mib",
+        "1",
+        "--model",
+        &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf")),
+        "--model",
+        &format!("minilm={}", model("all-minilm-l6-v2-f16.gguf")),
+    ]);
+    let post = |key: &str, body: String| {
+        let r = s
+            .http
+            .post(format!("{}/v1/chat/completions", s.url))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    let (status, body) = post("wrong", chat("smollm2", "x").to_string());
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let big = json!({"model": "smollm2", "messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
+    let (status, body) = post("sekrit", big.to_string());
+    assert_eq!(status, 413, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("1048576"), "{body}");
+    let (status, body) = post("sekrit", chat("minilm", "x").to_string());
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "model");
+    assert!(body["error"]["message"].as_str().unwrap().contains("embedding model"), "{body}");
+    // Health and metrics stay open for probes.
+    assert_eq!(s.health()["status"], "ok");
+    // Unknown routes are OpenAI-shaped 404s.
+    let r = s.http.get(format!("{}/v1/nothing", s.url)).bearer_auth("sekrit").send().unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.json::<Value>().unwrap()["error"]["message"].as_str().unwrap().contains("/v1/nothing"));
+}
+
+#[test]
+fn a_public_address_needs_an_api_key() {
+    let out = Command::new(env!("CARGO_BIN_EXE_llmr"))
+        .args(["serve", "--host", "0.0.0.0", "--port", "0", "--model", &model("smollm2-135m-instruct-q4_1.gguf")])
+        .env("HOME", tempfile::tempdir().unwrap().keep())
+        .env_remove("LLMR_API_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to listen on 0.0.0.0 without an API key"), "{err}");
+}

@@ -1,0 +1,298 @@
+"""Fixtures: the real `llmr serve` binary as a child process on loopback, and SDK clients for it.
+
+Environment:
+  LLMR_BIN           the llmr binary (default $CARGO_TARGET_DIR/debug/llmr, CARGO_TARGET_DIR
+                     defaulting to ~/.cache/llmr/target)
+  LLMR_MODEL_CACHE   the GGUF files (default ~/.cache/llmr/models; scripts/fetch-models fills it)
+  LLMR_ENGINES_DIR   the installed engine plugins (default <repo>/engines; scripts/install-engines)
+
+Each server gets a random API key, its own temporary store/config (so nothing from ~/.llmr or
+LLMR_* variables leaks in), `--cache-mib 0` (every answer is really generated) and a log file
+under pytest's temporary directory; the paths of the logs are printed at the end of the run.
+Servers are stopped at the end of the session, also when tests fail; on Linux the child is also
+bound to this process with PR_SET_PDEATHSIG, so even a killed pytest leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Alias -> file name in the model cache (scripts/fetch-models smollm2 qwen2.5 minilm).
+MODEL_FILES = {
+    "smollm2": "smollm2-135m-instruct-q4_1.gguf",
+    "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "minilm": "all-minilm-l6-v2-f16.gguf",
+}
+FETCH_NAMES = {"smollm2": "smollm2", "qwen": "qwen2.5", "minilm": "minilm"}
+
+LISTENING = re.compile(r"llmr listening on (http://\S+) \(models: ([^;]*); default (\S+)\)")
+START_TIMEOUT_S = 90
+
+# Never send loopback traffic through a proxy configured in the environment.
+for _var in ("NO_PROXY", "no_proxy"):
+    os.environ[_var] = ",".join(filter(None, ["127.0.0.1", "localhost", os.environ.get(_var)]))
+
+_started: list["LlmrServer"] = []
+
+
+def _expand(path: str) -> Path:
+    p = Path(os.path.expandvars(os.path.expanduser(path)))
+    return p if p.is_absolute() else (REPO_ROOT / p)
+
+
+def llmr_binary() -> Path:
+    if os.environ.get("LLMR_BIN"):
+        return _expand(os.environ["LLMR_BIN"])
+    target = os.environ.get("CARGO_TARGET_DIR") or "~/.cache/llmr/target"
+    return _expand(target) / "debug" / "llmr"
+
+
+def model_cache() -> Path:
+    return _expand(os.environ.get("LLMR_MODEL_CACHE") or "~/.cache/llmr/models")
+
+
+def engines_dir() -> Path:
+    return _expand(os.environ.get("LLMR_ENGINES_DIR") or str(REPO_ROOT / "engines"))
+
+
+def check_prerequisites(models: list[str]) -> None:
+    """Fails (not skips) with what to run when something the servers need is missing."""
+    binary = llmr_binary()
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        pytest.fail(
+            f"the llmr binary {binary} does not exist or is not executable: build it with "
+            "`cargo build -p llmr` (same CARGO_TARGET_DIR) or point LLMR_BIN at one",
+            pytrace=False,
+        )
+    manifests = list(engines_dir().glob("*/*/manifest.json"))
+    if not manifests:
+        pytest.fail(f"no engine plugin under {engines_dir()}: run scripts/install-engines", pytrace=False)
+    for alias in models:
+        path = model_cache() / MODEL_FILES[alias]
+        if not path.is_file():
+            pytest.fail(
+                f"model file {path} is missing: run `scripts/fetch-models {FETCH_NAMES[alias]}` "
+                "(or set LLMR_MODEL_CACHE to the folder holding it)",
+                pytrace=False,
+            )
+
+
+def _bind_to_parent():  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+class LlmrServer:
+    """One `llmr serve` child process."""
+
+    def __init__(self, name: str, workdir: Path, models: list[str], extra_args: list[str]):
+        self.name = name
+        self.workdir = workdir
+        self.models = models
+        self.extra_args = extra_args
+        self.api_key = "sk-llmr-e2e-" + secrets.token_hex(16)
+        self.log_path = workdir / "llmr.log"
+        self.proc: subprocess.Popen | None = None
+        self.base_url = ""  # http://127.0.0.1:PORT
+        self.default_model = ""
+        self._tail: deque[str] = deque(maxlen=60)
+        self._reader: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> "LlmrServer":
+        check_prerequisites(self.models)
+        store = self.workdir / "store"
+        store.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "config.toml"
+        config.write_text("# empty: every setting comes from the command line\n")
+        cmd = [
+            str(llmr_binary()), "serve",
+            "--host", "127.0.0.1", "--port", "0",
+            "--engines-dir", str(engines_dir()),
+            "--store", str(store), "--config", str(config),
+            "--api-key", self.api_key,
+            "--cache-mib", "0",
+        ]
+        for alias in self.models:
+            cmd += ["--model", f"{alias}={model_cache() / MODEL_FILES[alias]}"]
+        cmd += self.extra_args
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMR_")}
+        log = open(self.log_path, "w", encoding="utf-8", errors="replace")
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=self.workdir,
+            preexec_fn=_bind_to_parent if sys.platform.startswith("linux") else None,
+        )
+        _started.append(self)
+        listening = threading.Event()
+
+        def pump(stream=self.proc.stderr):
+            for raw in iter(stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                log.write(line)
+                log.flush()
+                self._tail.append(line.rstrip("\n"))
+                m = LISTENING.search(line)
+                if m and not listening.is_set():
+                    self.base_url = m.group(1)
+                    self.default_model = m.group(3)
+                    listening.set()
+            log.close()
+
+        self._reader = threading.Thread(target=pump, name=f"llmr-{self.name}-stderr", daemon=True)
+        self._reader.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not listening.wait(0.05):
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                raise RuntimeError(
+                    f"llmr serve ({self.name}) exited with status {self.proc.returncode} before listening:\n"
+                    + self.tail()
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"llmr serve ({self.name}) printed no listening line in {START_TIMEOUT_S}s:\n" + self.tail())
+        return self
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        if self._reader is not None:
+            self._reader.join(5)
+        return self.proc.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(list(self._tail)[-lines:])
+
+    # --- helpers -------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1])
+
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def client(self, **kwargs) -> openai.OpenAI:
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 120.0)
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, **kwargs)
+
+    def post(self, path: str, body=None, *, data=None, headers=None, **kwargs) -> requests.Response:
+        h = dict(self.auth)
+        h.update(headers or {})
+        kwargs.setdefault("timeout", 120)
+        return requests.post(self.base_url + path, json=body, data=data, headers=h, **kwargs)
+
+    def get(self, path: str, *, headers=None, **kwargs) -> requests.Response:
+        h = dict(self.auth)
+        h.update(headers or {})
+        kwargs.setdefault("timeout", 30)
+        return requests.get(self.base_url + path, headers=h, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples, by their full name with labels as printed."""
+        r = self.get("/metrics")
+        r.raise_for_status()
+        out = {}
+        for line in r.text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def metric(self, name: str, **labels) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for key, value in self.metrics().items():
+            base, _, rest = key.partition("{")
+            if base != name:
+                continue
+            have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+            if all(have.get(k) == v for k, v in labels.items()):
+                total += value
+        return total
+
+
+def _start(tmp_path_factory, name: str, models: list[str], extra: list[str]) -> LlmrServer:
+    return LlmrServer(name, tmp_path_factory.mktemp(f"llmr-{name}"), models, extra).start()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """smollm2 (default, preloaded), qwen and minilm."""
+    s = _start(tmp_path_factory, "main", ["smollm2", "qwen", "minilm"], [])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def small_ctx_server(tmp_path_factory):
+    """smollm2 with a 256-token context per request."""
+    s = _start(tmp_path_factory, "ctx256", ["smollm2"], ["--ctx-size", "256"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def limited_server(tmp_path_factory):
+    """smollm2 with one slot and one queue place: a third concurrent request gets 429."""
+    s = _start(tmp_path_factory, "slots1", ["smollm2"], ["--slots", "1", "--queue-limit", "1"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server) -> openai.OpenAI:
+    return server.client()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _started:
+        return
+    terminalreporter.write_sep("-", "llmr servers started by tests/e2e")
+    for s in _started:
+        status = s.proc.returncode if s.proc is not None else None
+        terminalreporter.write_line(f"{s.name}: {s.base_url or '(not listening)'} exit={status} log={s.log_path}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Belt and braces: fixtures stop their servers; this catches any left by an interrupted run.
+    for s in _started:
+        try:
+            s.stop()
+        except Exception:
+            pass
