@@ -21,7 +21,15 @@ pub struct CatalogEntry {
     pub plugin: Arc<Plugin>,
     /// Unix seconds: the file's modification time (the `created` of `/v1/models`).
     pub created: u64,
-    slot: tokio::sync::Mutex<Option<Arc<LoadedModel>>>,
+    loaded: Mutex<Option<Arc<LoadedModel>>>,
+    /// Held while loading, so concurrent first requests wait for one load.
+    loading: tokio::sync::Mutex<()>,
+}
+
+impl CatalogEntry {
+    fn current(&self) -> Option<Arc<LoadedModel>> {
+        self.loaded.lock().unwrap().clone()
+    }
 }
 
 pub struct LoadedModel {
@@ -78,7 +86,13 @@ pub fn build_catalog(models: Vec<ModelDescriptor>, registry: &EngineRegistry) ->
                 }
                 entries.insert(
                     desc.name.clone(),
-                    CatalogEntry { desc, plugin, created, slot: tokio::sync::Mutex::new(None) },
+                    CatalogEntry {
+                        desc,
+                        plugin,
+                        created,
+                        loaded: Mutex::new(None),
+                        loading: tokio::sync::Mutex::new(()),
+                    },
                 );
             }
             Err(e) => tracing::warn!(model = %desc.name, "not served: {e}"),
@@ -102,19 +116,23 @@ impl ModelManager {
 
     /// The loaded models right now (for metrics and health).
     pub fn loaded(&self) -> Vec<Arc<LoadedModel>> {
-        self.entries.values().filter_map(|e| e.slot.try_lock().ok().and_then(|s| s.clone())).collect()
+        self.entries.values().filter_map(CatalogEntry::current).collect()
     }
 
     /// The model, loading it first if needed.
     pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, ApiError> {
         let entry = self.entries.get(name).ok_or_else(|| ApiError::model_not_found(name))?;
-        let mut slot = entry.slot.lock().await;
-        if let Some(m) = slot.as_ref() {
+        if let Some(m) = entry.current() {
             m.touch();
-            return Ok(m.clone());
+            return Ok(m);
+        }
+        let _loading = entry.loading.lock().await;
+        if let Some(m) = entry.current() {
+            m.touch();
+            return Ok(m);
         }
         let footprint = estimate_footprint(&entry.desc);
-        self.make_room(name, footprint).await?;
+        self.make_room(name, footprint)?;
         let plugin = entry.plugin.clone();
         let desc = entry.desc.clone();
         let settings = self.policy.engine.clone();
@@ -153,12 +171,13 @@ impl ModelManager {
             footprint,
             last_used: Mutex::new(Instant::now()),
         });
-        *slot = Some(loaded.clone());
+        metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
+        *entry.loaded.lock().unwrap() = Some(loaded.clone());
         Ok(loaded)
     }
 
     /// Unloads idle models, least recently used first, until `needed` more bytes fit.
-    async fn make_room(&self, loading: &str, needed: u64) -> Result<(), ApiError> {
+    fn make_room(&self, loading: &str, needed: u64) -> Result<(), ApiError> {
         loop {
             let mut used = 0u64;
             let mut victim: Option<(&CatalogEntry, Instant)> = None;
@@ -166,12 +185,12 @@ impl ModelManager {
                 if name == loading {
                     continue;
                 }
-                // A model being loaded right now holds its lock; it counts once it is in.
-                let Ok(slot) = entry.slot.try_lock() else { continue };
-                let Some(m) = slot.as_ref() else { continue };
+                // A model being loaded right now by another request counts once it is in.
+                let Some(m) = entry.current() else { continue };
                 used += m.footprint;
-                // Idle: no request holds the model (the slot's Arc is the only one) and none is queued.
-                let idle = Arc::strong_count(m) == 1 && m.admission.busy() == 0 && m.admission.waiting() == 0;
+                // Idle: nothing running or queued. (A request between lookup and admission keeps the
+                // engine alive through its Arc; the memory is returned when it finishes.)
+                let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
                 let last = *m.last_used.lock().unwrap();
                 if idle && victim.is_none_or(|(_, t)| last < t) {
                     victim = Some((entry, last));
@@ -195,19 +214,15 @@ impl ModelManager {
                     used >> 20
                 )));
             };
-            let mut slot = entry.slot.lock().await;
-            if let Some(m) = slot.take() {
+            if let Some(m) = entry.loaded.lock().unwrap().take() {
                 tracing::info!(model = %m.name, "unloading (least recently used) to make room for {loading}");
             }
         }
     }
 
     /// Unloads a model now (idle or not: running requests keep the engine until they finish).
-    pub async fn unload(&self, name: &str) -> bool {
-        match self.entries.get(name) {
-            Some(e) => e.slot.lock().await.take().is_some(),
-            None => false,
-        }
+    pub fn unload(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|e| e.loaded.lock().unwrap().take().is_some())
     }
 }
 
