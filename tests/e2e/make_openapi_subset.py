@@ -83,7 +83,7 @@ def closure(schemas: dict, roots: list[str]) -> list[str]:
 
 def build(source: Path) -> tuple[str, bytes]:
     raw = source.read_bytes()
-    doc = yaml.safe_load(raw)
+    doc = yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     schemas = doc["components"]["schemas"]
     names = closure(schemas, ROOTS)
     subset = {

@@ -163,8 +163,6 @@ pub struct ChatRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
-    /// `response_format: {"type": "json_object" | "json_schema"}` was asked for.
-    pub json_mode: bool,
 }
 
 impl ChatCompletionRequest {
@@ -260,19 +258,20 @@ impl ChatCompletionRequest {
         if tools.is_empty() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
             return Err(ApiError::invalid("tool_choice", "requires `tools`"));
         }
-        let json_mode = match &self.response_format {
-            None => false,
-            Some(v) => match v.get("type").and_then(|t| t.as_str()) {
-                Some("text") => false,
-                Some("json_object") | Some("json_schema") => true,
-                _ => {
-                    return Err(ApiError::invalid(
-                        "response_format.type",
-                        "must be one of `text`, `json_object`, `json_schema`",
-                    ))
-                }
-            },
-        };
+        match self.response_format.as_ref().map(|v| v.get("type").and_then(|t| t.as_str())) {
+            None | Some(Some("text")) => {}
+            // Honest refusal: without constrained decoding the output would only look like JSON
+            // by luck, and a client that asked for a schema relies on it.
+            Some(Some(kind @ ("json_object" | "json_schema"))) => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!("`{kind}` is not supported yet: llmr has no constrained (grammar) decoding; ask for JSON in the prompt instead"),
+                ))
+            }
+            Some(_) => {
+                return Err(ApiError::invalid("response_format.type", "must be one of `text`, `json_object`, `json_schema`"))
+            }
+        }
         let stream = self.stream.unwrap_or(false);
         Ok(ChatRequest {
             model: self.model,
@@ -283,7 +282,6 @@ impl ChatCompletionRequest {
             stream,
             include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
             template_kwargs: self.chat_template_kwargs.unwrap_or_default(),
-            json_mode,
         })
     }
 }
@@ -320,7 +318,17 @@ fn convert_message(i: usize, m: WireMessage) -> Result<Message, ApiError> {
                     }
                 });
             }
-            Some(Content::Parts(out))
+            // Text-only parts become one string, as vLLM and llama.cpp do: most templates
+            // concatenate `message.content` and fail on a list.
+            if out.iter().all(|p| matches!(p, ContentPart::Text { .. })) {
+                let texts: Vec<String> = out
+                    .into_iter()
+                    .map(|p| if let ContentPart::Text { text } = p { text } else { unreachable!() })
+                    .collect();
+                Some(Content::Text(texts.join("\n")))
+            } else {
+                Some(Content::Parts(out))
+            }
         }
     };
     if m.role == Role::Tool && m.tool_call_id.is_none() {
@@ -433,6 +441,7 @@ mod tests {
             "logprobs":true,"top_logprobs":2,"stop":"\n"}"#)
         .unwrap();
         assert_eq!(r.messages.len(), 4);
+        assert_eq!(r.messages[1].content, Some(Content::Text("hi".into())));
         assert_eq!(r.messages[2].tool_calls[0].function.arguments, serde_json::json!({"a": 1}));
         assert_eq!(r.tool_choice, ToolChoice::Function("f".into()));
         assert_eq!((r.sampling.max_tokens, r.sampling.logprobs), (Some(5), Some(2)));
@@ -456,6 +465,10 @@ mod tests {
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3}"#, "top_logprobs"),
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#, "n"),
             (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "model"),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
+                "response_format.type",
+            ),
         ];
         for (json, param) in cases {
             let e = req(json).unwrap_err();

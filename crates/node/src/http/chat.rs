@@ -130,11 +130,13 @@ fn wire_call(response_id: &str, index: usize, call: ParsedCall) -> WireToolCall 
     }
 }
 
+/// A generation cut by the length limit is `length` even if it made calls before (OpenAI's rule:
+/// the answer is incomplete).
 fn finish_reason(f: &Finished, called: bool) -> &'static str {
-    match (called, f.stopped) {
-        (true, _) => "tool_calls",
-        (false, true) => "stop",
-        (false, false) => "length",
+    match (f.stopped, called) {
+        (false, _) => "length",
+        (true, true) => "tool_calls",
+        (true, false) => "stop",
     }
 }
 

@@ -99,6 +99,10 @@ async fn not_found(req: Request) -> HttpError {
     HttpError(ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path())))
 }
 
+async fn method_not_allowed(req: Request) -> HttpError {
+    HttpError(ApiError::with_status(405, format!("{} is not allowed on {}", req.method(), req.uri().path())))
+}
+
 pub fn router(state: SharedState) -> Router {
     let v1 = Router::new()
         .route("/chat/completions", post(chat::handle))
@@ -112,6 +116,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.body_limit))
         .with_state(state)
 }
