@@ -43,7 +43,7 @@ pub fn handle() -> &'static PrometheusHandle {
 }
 
 fn describe() {
-    metrics::describe_counter!(REQUESTS, "Requests received, by endpoint and model");
+    metrics::describe_counter!(REQUESTS, "Requests for served models, by endpoint and model");
     metrics::describe_counter!(ERRORS, "Requests that ended in an error, by endpoint and HTTP status");
     metrics::describe_histogram!(TTFT, metrics::Unit::Seconds, "Time from request arrival to the first token");
     metrics::describe_histogram!(INTER_TOKEN, metrics::Unit::Seconds, "Time between consecutive streamed tokens");

@@ -46,8 +46,9 @@ async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: I
     let wire: ChatCompletionRequest = parse_json(body, state.body_limit, ENDPOINT)?;
     let fail = |e: ApiError| count_error(ENDPOINT, e);
     let req = wire.validate().map_err(fail)?;
-    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => req.model.clone()).increment(1);
     let model = state.models.get(&req.model).await.map_err(fail)?;
+    // Counted once the model is known: request JSON must not create metric series.
+    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => model.name.clone()).increment(1);
     let (prompt, tools) = render(&model, &req).map_err(fail)?;
     req.sampling.check_top_k(model.engine.info().vocab_size).map_err(fail)?;
     let prompt_tokens = generation::count_tokens(&model, &prompt, false, true).await.map_err(fail)?;

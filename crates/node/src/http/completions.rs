@@ -39,8 +39,9 @@ async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: I
     let wire: CompletionRequest = parse_json(body, state.body_limit, ENDPOINT)?;
     let fail = |e: ApiError| count_error(ENDPOINT, e);
     let req = wire.validate().map_err(fail)?;
-    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => req.model.clone()).increment(1);
     let model = state.models.get(&req.model).await.map_err(fail)?;
+    // Counted once the model is known: request JSON must not create metric series.
+    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => model.name.clone()).increment(1);
     let info = model.engine.info();
     if !info.text {
         return Err(fail(ApiError::invalid(
