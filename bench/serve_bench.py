@@ -1,0 +1,834 @@
+#!/usr/bin/env python3
+"""The serving benchmark: `llmr serve` against llama.cpp's `llama-server`, side by side.
+
+For each model, the reference llama-server (built by bench/reference/build.sh from the llama.cpp
+tree of the PyPI sdist llama-cpp-python) and `llmr serve` are started ONE AFTER THE OTHER (never
+together, so they never share the cores) on 127.0.0.1 with the same model file, thread count,
+number of slots and KV cells (a unified cache), and the same load generator (this script, asyncio +
+aiohttp, streaming, fixed seeds) drives both through the same workloads:
+
+  single      one user, sequential requests: TTFT, inter-token latency p50/p95/p99, decode tok/s
+  c=N         N closed-loop streaming clients (N = 1, 4, 8, 16) for a fixed window: aggregate
+              output tok/s, requests/s, TTFT p50/p99
+  shared      32 requests sharing a ~1,000-token system prompt, one after the other: TTFT of the
+              first and of the rest
+  long        2 short streaming clients alone, then while a ~2,000-token prompt is prefilled:
+              inter-token p99 of the short streams without / during the prefill
+  storm       50 streams opened at once and dropped after 3 tokens each, then normal requests:
+              TTFT after the storm against TTFT before it
+
+It prints one table per model with both servers and the ratio llmr / llama-server per figure, and
+the goals of the serving issue. Every request is bounded (max_tokens, client timeouts) and every
+workload is bounded in count and time.
+
+  bench/serve_bench.py [--models smollm2,gemma3] [--threads 2] [--write]
+  bench/serve_bench.py --smoke          # a few requests per workload, both servers, SmolLM2 only
+
+--write appends the table to bench/RESULTS.md with the date, commit, machine and command.
+--smoke checks the harness (exit 1 on any failure: an HTTP error, a stream without tokens, missing
+usage, a server that dies), not the speed; it never writes.
+
+The load generator needs aiohttp: the script creates ${LLMR_BENCH_VENV:-~/.cache/llmr/venv-bench},
+installs bench/requirements-serve.txt into it (again only when that file changed) and re-runs itself
+with the venv's python.
+"""
+import argparse
+import asyncio
+import datetime
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIREMENTS = REPO / "bench/requirements-serve.txt"
+VENV = Path(os.environ.get("LLMR_BENCH_VENV", Path.home() / ".cache/llmr/venv-bench"))
+MODELS = {
+    "smollm2": "smollm2-135m-instruct-q4_1.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+# Characters per token of the Hamlet corpus (measured with llama-server's /tokenize: 3.36-3.50 for
+# SmolLM2 and Gemma 3). Prompt sizes below are targets; the tables report the real counts (usage).
+CHARS_PER_TOKEN = 3.4
+# llmr's unified KV cache has min(slots x ctx, max(ctx, 32768)) cells (engines/llama_cpp
+# scheduler.rs `total_cells`); llama-server gets the same number as -c.
+LLMR_MAX_TOTAL_CELLS = 32768
+
+
+def log(msg):
+    print(f"[serve-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def die(msg):
+    print(f"bench/serve_bench.py: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+# --- the venv ----------------------------------------------------------------------------------
+
+def ensure_venv():
+    """Runs the script under the bench venv, with bench/requirements-serve.txt installed."""
+    py = VENV / "bin/python"
+    stamp = VENV / ".llmr-requirements.sha256"
+    want = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    if not py.exists():
+        log(f"creating the venv {VENV}")
+        VENV.parent.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "venv", str(VENV)])
+        if r.returncode != 0:
+            die(f"python3 -m venv {VENV} failed (Debian: apt-get install python3-venv)")
+    if not stamp.exists() or stamp.read_text().strip() != want:
+        log(f"installing {REQUIREMENTS.relative_to(REPO)} into {VENV}")
+        stamp.unlink(missing_ok=True)
+        r = subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r",
+                            str(REQUIREMENTS)], stdout=sys.stderr)
+        if r.returncode != 0:
+            die(f"pip install -r {REQUIREMENTS} failed")
+        stamp.write_text(want + "\n")
+    if Path(sys.prefix).resolve() != VENV.resolve():
+        os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+# --- workload sizes ----------------------------------------------------------------------------
+
+@dataclass
+class Sizes:
+    single_n: int = 8            # sequential requests
+    single_prompt: int = 100     # target prompt tokens (passage)
+    single_max: int = 128
+    levels: tuple = (1, 4, 8, 16)
+    level_warm: float = 2.0      # seconds before the measuring window opens
+    level_dur: dict = field(default_factory=lambda: {1: 12.0, 4: 12.0, 8: 20.0, 16: 20.0})
+    level_prompt: int = 80
+    level_max: int = 128
+    shared_n: int = 32
+    shared_prefix: int = 1000
+    shared_max: int = 16
+    long_clients: int = 2
+    long_short_prompt: int = 60
+    long_short_max: int = 1024   # the short streams are dropped when the long prompt is done
+    long_lead: float = 1.0       # seconds before measuring (the short streams' own prefill)
+    long_baseline: float = 4.0   # seconds of short streams alone, then the long prompt is sent
+    long_prompt: int = 2000
+    storm_n: int = 50
+    storm_prompt: int = 40
+    storm_max: int = 256
+    storm_drop_after: int = 3
+    probe_n: int = 3             # normal requests before and after the storm
+    probe_prompt: int = 100
+    probe_max: int = 16
+
+
+SMOKE = Sizes(single_n=2, single_max=16, levels=(1, 4), level_warm=0.5, level_dur={1: 2.0, 4: 2.0},
+              level_max=16, shared_n=4, shared_prefix=200, long_short_max=256, long_baseline=1.5,
+              long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2)
+
+
+# --- prompts -----------------------------------------------------------------------------------
+
+class Corpus:
+    def __init__(self, path):
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = re.sub(r"\n\s*\n+", "\n", text)       # blank lines carry no text, only tokens
+        start = text.find("ACT I.")
+        self.text = text[start if start > 0 else 0:]
+
+    def passage(self, tokens, key):
+        """About `tokens` tokens of Hamlet from a place fixed by `key` (same for both servers)."""
+        n = int(tokens * CHARS_PER_TOKEN)
+        rng = random.Random(key)
+        off = rng.randrange(0, max(1, len(self.text) - n))
+        nl = self.text.find("\n", off)                 # start at a line
+        off = nl + 1 if 0 <= nl < off + 200 else off
+        return self.text[off:off + n]
+
+
+def seed_of(key):
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+# --- the client --------------------------------------------------------------------------------
+
+class HarnessError(Exception):
+    pass
+
+
+@dataclass
+class Result:
+    sent: float
+    times: list            # arrival time of every chunk carrying content
+    usage: dict | None
+    end: float
+    dropped: bool = False
+
+    @property
+    def ttft(self):
+        return self.times[0] - self.sent
+
+    @property
+    def tokens(self):
+        return self.usage["completion_tokens"] if self.usage else len(self.times)
+
+    def gaps(self):
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+
+class Client:
+    def __init__(self, session, base, model, temperature):
+        self.session, self.url, self.model, self.temperature = session, base + "/v1/chat/completions", model, temperature
+        self.requests = 0
+
+    async def chat(self, messages, max_tokens, seed, drop_after=None, sink=None):
+        """One streamed chat request; with drop_after, closes the connection after that many chunks.
+
+        `sink` gets the Result at once; its `times` fill in as chunks arrive (for streams that
+        the caller cancels)."""
+        import aiohttp
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}, "temperature": self.temperature, "seed": seed}
+        self.requests += 1
+        res = Result(time.perf_counter(), [], None, 0.0)
+        if sink:
+            sink(res)
+        times = res.times
+        try:
+            async with self.session.post(self.url, json=body) as resp:
+                if resp.status != 200:
+                    raise HarnessError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    now = time.perf_counter()
+                    obj = json.loads(data)
+                    if "error" in obj:
+                        raise HarnessError(f"error in stream: {json.dumps(obj)[:300]}")
+                    if obj.get("usage"):
+                        res.usage = obj["usage"]
+                    for ch in obj.get("choices") or []:
+                        if (ch.get("delta") or {}).get("content"):
+                            times.append(now)
+                    if drop_after and len(times) >= drop_after:
+                        resp.close()                      # the client goes away mid-stream
+                        res.end, res.dropped = time.perf_counter(), True
+                        return res
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise HarnessError(f"request failed: {type(e).__name__}: {e}") from e
+        res.end = time.perf_counter()
+        if not times:
+            raise HarnessError(f"a stream ended without any token (usage {res.usage})")
+        if not res.usage or not res.usage.get("completion_tokens"):
+            raise HarnessError("a stream ended without usage (stream_options.include_usage)")
+        return res
+
+
+def pct(xs, p):
+    """Percentile with linear interpolation (numpy's default); None for no data."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100
+    f = int(k)
+    return s[f] + (s[min(f + 1, len(s) - 1)] - s[f]) * (k - f)
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+async def w_single(cl, corpus, sz):
+    rs = []
+    for i in range(sz.single_n):
+        k = f"single-{i}"
+        rs.append(await cl.chat(user(corpus.passage(sz.single_prompt, k) + "\n\nContinue this scene of Hamlet."),
+                                sz.single_max, seed_of(k)))
+    gaps = [g for r in rs for g in r.gaps()]
+    decode = [(r.tokens - 1) / (r.times[-1] - r.times[0]) for r in rs if r.tokens > 1 and r.times[-1] > r.times[0]]
+    return {
+        "single.ttft_p50": pct([r.ttft for r in rs], 50) * 1e3,
+        "single.itl_p50": pct(gaps, 50) * 1e3,
+        "single.itl_p95": pct(gaps, 95) * 1e3,
+        "single.itl_p99": pct(gaps, 99) * 1e3,
+        "single.decode": statistics.median(decode) if decode else 0.0,
+        "single.prompt_tokens": statistics.median(r.usage["prompt_tokens"] for r in rs),
+        "single.out_tokens": statistics.mean(r.tokens for r in rs),
+    }
+
+
+async def w_levels(cl, corpus, sz):
+    """N closed-loop clients per level. The clients start spread over the warm-up (no synchronized
+    burst); throughput is counted inside the window [warm-up end, end]; at the end no request is
+    sent any more, the requests in flight are kept until their first token (their TTFT counts)
+    and then dropped."""
+    out = {}
+    for c in sz.levels:
+        t0 = time.perf_counter()
+        w0 = t0 + sz.level_warm
+        w1 = w0 + sz.level_dur[c]
+        rs = []
+
+        async def worker(j, c=c):
+            await asyncio.sleep(j * sz.level_warm / c)
+            i = 0
+            while time.perf_counter() < w1:
+                k = f"c{c}-{j}-{i}"
+                await cl.chat(user(corpus.passage(sz.level_prompt, k) + "\n\nContinue this scene of Hamlet."),
+                              sz.level_max, seed_of(k), sink=rs.append)
+                i += 1
+
+        tasks = [asyncio.ensure_future(worker(j)) for j in range(c)]
+        await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
+        while (any(not r.times and not r.end for r in rs) and not any(t.done() for t in tasks)
+               and time.perf_counter() < w1 + 120):
+            await asyncio.sleep(0.01)
+        for t in tasks:
+            t.cancel()
+        for d in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(d, Exception):
+                raise d
+        await asyncio.sleep(0.5)                    # let the server free the dropped slots
+        finished = [r for r in rs if r.usage]
+        if not finished:
+            raise HarnessError(f"c={c}: no request finished in {w1 - t0:.0f} s")
+        # Chunks are counted in the window and scaled to tokens by usage / chunks (a chunk is
+        # almost always one token; a character split across tokens makes one chunk of two).
+        per_chunk = sum(r.tokens for r in finished) / sum(len(r.times) for r in finished)
+        in_window = sum(1 for r in rs for t in r.times if w0 <= t < w1)
+        ttft = [r.ttft for r in rs if r.times and r.sent < w1]
+        out[f"c{c}.tok_s"] = in_window * per_chunk / (w1 - w0)
+        out[f"c{c}.req_s"] = sum(1 for r in finished if w0 <= r.end < w1) / (w1 - w0)
+        out[f"c{c}.ttft_p50"] = pct(ttft, 50) * 1e3
+        out[f"c{c}.ttft_p99"] = pct(ttft, 99) * 1e3
+        out[f"c{c}.out_tokens"] = statistics.mean(r.tokens for r in finished)
+        log(f"  c={c}: {out[f'c{c}.tok_s']:.1f} tok/s, {len(rs)} requests ({len(ttft)} TTFTs), "
+            f"{time.perf_counter() - t0:.1f} s")
+    return out
+
+
+async def w_shared(cl, corpus, sz):
+    # A system prompt no other workload uses, so the first request finds nothing cached.
+    system = ("You answer questions about the following passage of Hamlet.\n\n"
+              + corpus.passage(sz.shared_prefix, "shared-system"))
+    rs = []
+    for i in range(sz.shared_n):
+        q = corpus.passage(12, f"shared-q-{i}")
+        messages = [{"role": "system", "content": system},
+                    {"role": "user", "content": f"Who speaks the line \"{q.strip()}\"?"}]
+        rs.append(await cl.chat(messages, sz.shared_max, seed_of(f"shared-{i}")))
+    first, rest = rs[0].ttft, pct([r.ttft for r in rs[1:]], 50)
+    cached = [(r.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for r in rs[1:]]
+    return {
+        "shared.ttft_first": first * 1e3,
+        "shared.ttft_rest": rest * 1e3,
+        "shared.speedup": first / rest,
+        "shared.prompt_tokens": rs[0].usage["prompt_tokens"],
+        "shared.cached_rest": statistics.median(cached),
+    }
+
+
+async def w_long(cl, corpus, sz):
+    """Short streams decode alone for a while, then a long prompt arrives; compares their token gaps.
+
+    The short streams are long-lived (max_tokens covers the whole workload; one that stops at EOS is
+    replaced), so the gaps measured are decode steps, not other short requests' prefills. Gaps
+    entirely before the long request is sent are "alone"; gaps overlapping the interval from
+    sending it to its first token (its prefill) are "during". The short streams are dropped once
+    the long request has its first token.
+    """
+    results = []
+    t0 = time.perf_counter()
+
+    async def short(j):
+        i = 0
+        while True:                         # ends when cancelled
+            k = f"long-short-{j}-{i}"
+            await cl.chat(user(corpus.passage(sz.long_short_prompt, k) + "\n\nContinue this scene of Hamlet."),
+                          sz.long_short_max, seed_of(k), sink=results.append)
+            i += 1
+
+    shorts = [asyncio.ensure_future(short(j)) for j in range(sz.long_clients)]
+    try:
+        await asyncio.sleep(sz.long_lead + sz.long_baseline)
+        for t in shorts:
+            if t.done():
+                t.result()                  # raises the short stream's failure
+        lr = await cl.chat(user(corpus.passage(sz.long_prompt, "long-prompt") + "\n\nWhat happens in this passage?"),
+                           4, seed_of("long-prompt"))
+    finally:
+        for t in shorts:
+            t.cancel()                      # drops the connections: the servers cancel
+        done = await asyncio.gather(*shorts, return_exceptions=True)
+    for d in done:
+        if not isinstance(d, asyncio.CancelledError):
+            raise d if isinstance(d, BaseException) else HarnessError(f"short stream ended: {d}")
+    await asyncio.sleep(0.5)                # let the servers free the dropped slots
+    a, b = lr.sent, lr.times[0]             # the long prompt is being prefilled in [a, b]
+    w0 = t0 + sz.long_lead
+    pairs = [(t1, t2) for r in results for t1, t2 in zip(r.times, r.times[1:])]
+    alone = [t2 - t1 for t1, t2 in pairs if t1 >= w0 and t2 <= a]
+    during = [t2 - t1 for t1, t2 in pairs if t2 > a and t1 < b]
+    if not alone or not during:
+        raise HarnessError(f"too few short-stream tokens ({len(alone)} gaps alone, {len(during)} during the prefill)")
+    p_alone, p_during = pct(alone, 99), pct(during, 99)
+    return {
+        "long.itl_p99_without": p_alone * 1e3,
+        "long.itl_p99_during": p_during * 1e3,
+        "long.itl_ratio": p_during / p_alone,
+        "long.itl_max_during": max(during) * 1e3,
+        "long.ttft": lr.ttft * 1e3,
+        "long.prompt_tokens": lr.usage["prompt_tokens"],
+    }
+
+
+async def w_storm(cl, corpus, sz):
+    async def probes(tag):
+        rs = []
+        for i in range(sz.probe_n):
+            k = f"probe-{tag}-{i}"
+            rs.append(await cl.chat(user(corpus.passage(sz.probe_prompt, k) + "\n\nContinue this scene of Hamlet."),
+                                    sz.probe_max, seed_of(k)))
+        return rs
+
+    before = await probes("before")
+    t0 = time.perf_counter()
+    storm = await asyncio.gather(*(
+        cl.chat(user(corpus.passage(sz.storm_prompt, f"storm-{i}") + "\n\nContinue this scene of Hamlet."),
+                sz.storm_max, seed_of(f"storm-{i}"), drop_after=sz.storm_drop_after)
+        for i in range(sz.storm_n)))
+    storm_s = time.perf_counter() - t0
+    after = await probes("after")
+    tb = statistics.median(r.ttft for r in before)
+    return {
+        "storm.ttft_before": tb * 1e3,
+        "storm.ttft_after": after[0].ttft * 1e3,
+        "storm.ttft_after_p50": statistics.median(r.ttft for r in after) * 1e3,
+        "storm.ratio": after[0].ttft / tb,
+        "storm.seconds": storm_s,
+        "storm.dropped": sum(r.dropped for r in storm),
+    }
+
+
+WORKLOADS = [("single", w_single), ("levels", w_levels), ("shared", w_shared), ("long", w_long), ("storm", w_storm)]
+
+
+# --- servers -----------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def total_cells(slots, ctx):
+    return min(slots * ctx, max(ctx, LLMR_MAX_TOTAL_CELLS))
+
+
+def server_command(kind, a, exe, model_path, alias, port):
+    if kind == "llama-server":
+        return [exe, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-t", str(a.threads),
+                "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots), "--kv-unified", "-a", alias]
+    return [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--engines-dir", str(REPO / "engines"),
+            "--threads", str(a.threads), "--slots", str(a.slots), "--ctx-size", str(a.ctx), "--cache-mib", "0",
+            "--queue-limit", str(max(64, 2 * a.slots + a.storm_n)), "--model", f"{alias}={model_path}"]
+
+
+def die_with_parent():
+    """In the server's process: SIGTERM when this script dies, however it dies (Linux prctl)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def cpu_jiffies(pid=None):
+    """Busy jiffies of the whole machine, or utime+stime of one process."""
+    if pid is None:
+        f = open("/proc/stat").readline().split()[1:]
+        v = list(map(int, f))
+        return sum(v) - v[3] - v[4]                 # minus idle and iowait
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
+
+
+class Server:
+    def __init__(self, kind, cmd, port, logdir):
+        self.kind, self.cmd, self.port = kind, cmd, port
+        self.log_path = Path(logdir) / f"{kind}-{port}.log"
+        self.proc = None
+
+    def start(self):
+        self.started = time.perf_counter()
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent)
+
+    def tail(self, n=25):
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def check_alive(self):
+        if self.proc.poll() is not None:
+            raise HarnessError(f"{self.kind} exited with {self.proc.returncode}; its log ends:\n{self.tail()}")
+
+    async def wait_ready(self, session, model, timeout):
+        """Until a tiny request succeeds (llama-server answers 503 while loading)."""
+        import aiohttp
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+        deadline = time.perf_counter() + timeout
+        last = ""
+        while time.perf_counter() < deadline:
+            self.check_alive()
+            try:
+                async with session.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", json=body,
+                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+                    if r.status == 200:
+                        await r.read()
+                        return time.perf_counter() - self.started
+                    last = f"HTTP {r.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                last = type(e).__name__
+            await asyncio.sleep(0.1)
+        raise HarnessError(f"{self.kind} not ready after {timeout} s ({last}); its log ends:\n{self.tail()}")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc:
+            self.log.close()
+
+
+async def run_server(kind, a, exe, model_path, alias, corpus, sz, logdir):
+    """Starts one server, runs every workload against it, stops it. Returns the figures."""
+    import aiohttp
+    port = free_port()
+    srv = Server(kind, server_command(kind, a, exe, model_path, alias, port), port, logdir)
+    log(f"{alias}: starting {kind}: {' '.join(srv.cmd)}")
+    srv.start()
+    figures = {}
+    # A new connection per request: llama-server (cpp-httplib) closes idle keep-alive connections after
+    # 5 s and after 100 requests, and a reused connection closed under the client fails the request.
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=a.request_timeout, sock_read=60)
+    try:
+        async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+            figures["startup_s"] = await srv.wait_ready(session, alias, 180)
+            log(f"{alias}/{kind}: ready {figures['startup_s']:.1f} s after start")
+            cl = Client(session, f"http://127.0.0.1:{port}", alias, a.temperature)
+            for i in range(2):                                  # warm-up, not measured
+                await cl.chat(user(corpus.passage(50, f"warm-{i}")), 8, seed_of(f"warm-{i}"))
+            log(f"{alias}/{kind}: warmed up")
+            hz = os.sysconf("SC_CLK_TCK")
+            t0, busy0, srv0, me0 = time.perf_counter(), cpu_jiffies(), cpu_jiffies(srv.proc.pid), sum(os.times()[:2])
+            for name, fn in WORKLOADS:
+                w0 = time.perf_counter()
+                limit = min(a.workload_timeout, a.deadline - time.time())
+                if limit <= 0:
+                    raise HarnessError(f"the run is past its bound of {a.max_minutes} min (--max-minutes)")
+                try:
+                    figures.update(await asyncio.wait_for(fn(cl, corpus, sz), limit))
+                except asyncio.TimeoutError:
+                    raise HarnessError(f"workload {name} ran past {limit:.0f} s (a loaded machine?)")
+                except HarnessError as e:
+                    srv.check_alive()
+                    raise HarnessError(f"workload {name}: {e}") from e
+                srv.check_alive()
+                log(f"{alias}/{kind}: {name} done in {time.perf_counter() - w0:.1f} s")
+            wall = time.perf_counter() - t0
+            # CPU used by processes other than this server and this client while measuring, in cores:
+            # a shared machine makes the numbers noise, and this says how much.
+            other = (cpu_jiffies() - busy0 - (cpu_jiffies(srv.proc.pid) - srv0)) / hz - (sum(os.times()[:2]) - me0)
+            figures["other_cpu"] = max(0.0, other / wall)
+            figures["server_cpu"] = (cpu_jiffies(srv.proc.pid) - srv0) / hz / wall
+            figures["measure_s"] = wall
+            figures["requests"] = cl.requests
+    finally:
+        srv.stop()
+    return figures
+
+
+# --- report ------------------------------------------------------------------------------------
+
+HIGHER, LOWER, INFO = "higher", "lower", ""
+
+
+def rows(levels):
+    r = [("single user: TTFT p50 (ms)", "single.ttft_p50", LOWER),
+         ("single user: inter-token p50 (ms)", "single.itl_p50", LOWER),
+         ("single user: inter-token p95 (ms)", "single.itl_p95", LOWER),
+         ("single user: inter-token p99 (ms)", "single.itl_p99", LOWER),
+         ("single user: decode (tok/s)", "single.decode", HIGHER)]
+    for c in levels:
+        r += [(f"c={c}: output (tok/s)", f"c{c}.tok_s", HIGHER),
+              (f"c={c}: requests/s", f"c{c}.req_s", HIGHER),
+              (f"c={c}: TTFT p50 (ms)", f"c{c}.ttft_p50", LOWER),
+              (f"c={c}: TTFT p99 (ms)", f"c{c}.ttft_p99", LOWER)]
+    r += [("shared prefix: TTFT first (ms)", "shared.ttft_first", LOWER),
+          ("shared prefix: TTFT rest p50 (ms)", "shared.ttft_rest", LOWER),
+          ("shared prefix: first / rest (x)", "shared.speedup", HIGHER),
+          ("long prompt: short-stream inter-token p99 alone (ms)", "long.itl_p99_without", LOWER),
+          ("long prompt: same, during the long prefill (ms)", "long.itl_p99_during", LOWER),
+          ("long prompt: during / alone (x)", "long.itl_ratio", LOWER),
+          ("long prompt: its TTFT (ms)", "long.ttft", LOWER),
+          ("cancel storm: TTFT before (ms)", "storm.ttft_before", LOWER),
+          ("cancel storm: TTFT right after (ms)", "storm.ttft_after", LOWER),
+          ("cancel storm: after / before (x)", "storm.ratio", LOWER),
+          ("cancel storm: storm duration (s)", "storm.seconds", LOWER),
+          ("info: start to first answer (s)", "startup_s", LOWER),
+          ("info: prompt tokens single / shared / long", ("single.prompt_tokens", "shared.prompt_tokens",
+                                                            "long.prompt_tokens"), INFO),
+          ("info: shared prefix cached tokens, rest p50", "shared.cached_rest", INFO),
+          ("info: mean output tokens/request single / c=max", ("single.out_tokens", f"c{levels[-1]}.out_tokens"),
+           INFO),
+          ("info: server CPU while measuring (cores)", "server_cpu", INFO),
+          ("info: other processes' CPU while measuring (cores)", "other_cpu", INFO)]
+    return r
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, tuple):
+        return " / ".join(fmt(x) for x in v)
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def get(fig, key):
+    if isinstance(key, tuple):
+        return tuple(fig.get(k) for k in key)
+    return fig.get(key)
+
+
+def table(ref, ours, levels):
+    out = ["| figure | llama-server | llmr | llmr / llama-server | better |", "|---|---:|---:|---:|---|"]
+    for label, key, better in rows(levels):
+        rv, ov = get(ref, key), get(ours, key)
+        ratio = "-" if better == INFO or not rv or not ov else f"{ov / rv:.2f}"
+        out.append(f"| {label} | {fmt(rv)} | {fmt(ov)} | {ratio} | {better} |")
+    return "\n".join(out)
+
+
+def goals(ref, ours, levels):
+    g = []
+
+    def add(name, target, value, ok, refv=None):
+        g.append(f"| {name} | {target} | {fmt(value)} | {fmt(refv)} | {'yes' if ok else '**no**'} |")
+
+    for c in (8, 16):
+        if c in levels:
+            v = ours[f"c{c}.tok_s"] / ref[f"c{c}.tok_s"]
+            add(f"aggregate tok/s at c={c}, llmr / llama-server", ">= 1.15", v, v >= 1.15)
+    v = ours["single.ttft_p50"] / ref["single.ttft_p50"]
+    add("single-user TTFT p50, llmr / llama-server", "<= 1.0", v, v <= 1.0)
+    add("shared 1,000-token prefix: TTFT first / rest", ">= 5", ours["shared.speedup"], ours["shared.speedup"] >= 5,
+        ref["shared.speedup"])
+    add("inter-token p99 during a long prefill / without", "<= 1.5", ours["long.itl_ratio"],
+        ours["long.itl_ratio"] <= 1.5, ref["long.itl_ratio"])
+    return "\n".join(["| goal | target | llmr | llama-server | met |", "|---|---|---:|---:|---|"] + g)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+
+
+def load1():
+    return os.getloadavg()[0]
+
+
+def busy_cores(seconds=3.0):
+    """Cores the machine kept busy over `seconds` (call it while nothing of ours runs)."""
+    b0, t0 = cpu_jiffies(), time.perf_counter()
+    time.sleep(seconds)
+    return (cpu_jiffies() - b0) / os.sysconf("SC_CLK_TCK") / (time.perf_counter() - t0)
+
+
+def wait_idle(until, threshold=0.25):
+    """Before each server: waits (until the time `until`) for other processes to leave the cores."""
+    busy = busy_cores()
+    while busy >= threshold and time.time() < until:
+        log(f"other processes keep {busy:.2f} cores busy: waiting ({until - time.time():.0f} s left)")
+        time.sleep(20)
+        busy = busy_cores()
+    return busy
+
+
+def wait_quiet(limit_s, threshold=1.0):
+    """Waits (up to limit_s) for the 1-minute load average to fall below threshold."""
+    deadline = time.time() + limit_s
+    while load1() >= threshold and time.time() < deadline:
+        log(f"load average {load1():.2f} >= {threshold}: waiting for a quiet machine "
+            f"({deadline - time.time():.0f} s left)")
+        time.sleep(30)
+    return load1()
+
+
+def quiet_wait(a, load=False):
+    """Spends what is left of the --wait-quiet budget waiting for a quiet machine (the load average
+    first with load=True, then other processes' CPU); the wait does not count in --max-minutes."""
+    t = time.time()
+    if load:
+        r = wait_quiet(a.quiet_left) if a.quiet_left > 0 else load1()
+    else:
+        r = wait_idle(t + a.quiet_left) if a.quiet_left > 0 else None
+    waited = time.time() - t
+    a.quiet_left = max(0.0, a.quiet_left - waited)
+    a.deadline += waited
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=None, help="comma-separated: smollm2,gemma3 (smoke: smollm2)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=16, help="parallel slots of both servers")
+    ap.add_argument("--ctx", type=int, default=4096, help="context per slot (llama-server -c gets the same total)")
+    ap.add_argument("--temperature", type=float, default=0.8, help="every request also carries a fixed seed")
+    ap.add_argument("--smoke", action="store_true", help="a few requests per workload: checks the harness, not speed")
+    ap.add_argument("--write", action="store_true", help="append the tables to bench/RESULTS.md")
+    ap.add_argument("--wait-quiet", type=float, default=None,
+                    help="seconds to wait for load average < 1.0 before measuring (default 600, smoke 0)")
+    ap.add_argument("--no-build", action="store_true", help="skip cargo build / install-engines / fetch-models")
+    ap.add_argument("--servers", default="llama-server,llmr", help="for development: run only some servers")
+    ap.add_argument("--retries", type=int, default=None,
+                    help="measure a server again when other processes used >= 0.25 cores meanwhile (default 2, smoke 0)")
+    ap.add_argument("--request-timeout", type=float, default=300)
+    ap.add_argument("--workload-timeout", type=float, default=300)
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="bound of the whole run after the builds, quiet wait excluded (default 30, smoke 5)")
+    a = ap.parse_args()
+    a.models = a.models or ("smollm2" if a.smoke else "smollm2,gemma3")
+    if a.retries is None:
+        a.retries = 0 if a.smoke else 2
+    if a.wait_quiet is None:
+        a.wait_quiet = 0 if a.smoke else 600
+    sz = SMOKE if a.smoke else Sizes()
+    a.storm_n = sz.storm_n
+    names = a.models.split(",")
+    for n in names:
+        if n not in MODELS:
+            die(f"unknown model {n} (known: {', '.join(MODELS)})")
+    if max(sz.levels) > a.slots:
+        die(f"--slots {a.slots} is below the highest concurrency {max(sz.levels)}")
+
+    started = time.perf_counter()
+    if not a.no_build:
+        log("building llmr (release) and installing the engine plugins")
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "llmr", "-p", "llmr-llama-cpp"], check=True,
+                       cwd=REPO)
+        subprocess.run([REPO / "scripts/install-engines"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        fetched = sh([str(REPO / "scripts/fetch-models"), *names, "shakespeare"])
+    else:
+        fetched = ""
+    paths = dict(l.split("\t", 1) for l in fetched.splitlines() if "\t" in l)
+    cache = Path(os.environ.get("LLMR_MODEL_CACHE", Path.home() / ".cache/llmr/models"))
+    corpus = Corpus(paths.get("shakespeare", cache / "corpus/hamlet_gut.txt"))
+    log("building (or finding) the reference llama-server")
+    ref = dict(l.split("=", 1) for l in sh([str(REPO / "bench/reference/build.sh")]).splitlines() if "=" in l)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    exes = {"llama-server": ref["llama-server"], "llmr": str(target / "release/llmr")}
+    for k, v in exes.items():
+        if not Path(v).is_file():
+            die(f"{k} binary not found at {v}")
+
+    a.max_minutes = a.max_minutes or (5 if a.smoke else 30)
+    a.deadline = time.time() + a.max_minutes * 60
+    a.quiet_left = a.wait_quiet
+    load_before = quiet_wait(a, load=True)
+    results, failures = {}, []
+    with tempfile.TemporaryDirectory(prefix="llmr-serve-bench-") as logdir:
+        for mi, name in enumerate(names):
+            model_path = Path(paths.get(name, cache / MODELS[name]))
+            if not model_path.is_file():
+                die(f"{model_path} is missing: run scripts/fetch-models {name}")
+            # Alternate which server goes first, so slow drift of a shared machine hits both.
+            order = ["llama-server", "llmr"] if mi % 2 == 0 else ["llmr", "llama-server"]
+            for kind in [k for k in order if k in a.servers.split(",")]:
+                quiet_wait(a)
+                for attempt in range(a.retries + 1):
+                    t = time.time()
+                    try:
+                        fig = asyncio.run(run_server(kind, a, exes[kind], model_path, name, corpus, sz, logdir))
+                    except HarnessError as e:
+                        failures.append(f"{name} / {kind}: {e}")
+                        log(f"FAILED {name} / {kind}: {e}")
+                        break
+                    results[(name, kind)] = fig
+                    took = time.time() - t
+                    if fig["other_cpu"] < 0.25 or attempt == a.retries or a.deadline - time.time() < 1.5 * took:
+                        break
+                    log(f"{name} / {kind}: other processes used {fig['other_cpu']:.2f} cores while measuring: "
+                        f"measuring again (retry {attempt + 1} of {a.retries})")
+                    quiet_wait(a)
+    load_after = load1()
+    other_max = max((f["other_cpu"] for f in results.values()), default=0.0)
+    quiet = load_before < 1.0 and other_max < 0.25
+
+    commit = sh(["git", "rev-parse", "--short", "HEAD"], cwd=REPO).strip()
+    dirty = " (with uncommitted changes)" if sh(["git", "status", "--porcelain", "--untracked-files=no"],
+                                                 cwd=REPO).strip() else ""
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+               platform.machine())
+    cmd = "bench/serve_bench.py" + "".join(f" {x}" for x in sys.argv[1:])
+    elapsed = time.perf_counter() - started
+    parts = [f"\n### {datetime.date.today()} · commit {commit}{dirty} · {cpu}, {os.cpu_count()} cores\n",
+             f"Command: `{cmd}` ({elapsed / 60:.1f} min). Reference: llama-server {ref.get('version', '?')} "
+             f"(bench/reference/build.sh); llmr: release build of this commit. Both servers: {a.threads} threads, "
+             f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells in one unified cache "
+             f"(llmr `--slots {a.slots} --ctx-size {a.ctx} --cache-mib 0`, llama-server "
+             f"`-np {a.slots} -c {total_cells(a.slots, a.ctx)} --kv-unified`), 127.0.0.1, run one after the other; "
+             f"streamed chat requests, temperature {a.temperature} with a fixed seed per request. "
+             f"Load average before: {load_before:.2f}, after: {load_after:.2f}; CPU of other processes while "
+             f"measuring: at most {other_max:.2f} cores"
+             + ("" if quiet or a.smoke else " — **the machine was not quiet: these numbers are noisy**") + ".\n"]
+    for name in names:
+        r, o = results.get((name, "llama-server")), results.get((name, "llmr"))
+        if r and o:
+            parts.append(f"\n**{MODELS[name]}**\n\n{table(r, o, sz.levels)}\n\nGoals:\n\n{goals(r, o, sz.levels)}\n")
+    if failures:
+        parts.append("\nFailures:\n" + "\n".join(f"- {f}" for f in failures) + "\n")
+    report = "".join(parts)
+    print(report)
+    log(f"total {elapsed:.0f} s")
+    if failures:
+        sys.exit(1)
+    if a.write and not a.smoke:
+        with open(REPO / "bench/RESULTS.md", "a") as f:
+            f.write(report)
+        log("appended to bench/RESULTS.md")
+
+
+if __name__ == "__main__":
+    ensure_venv()
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # stop the servers on SIGTERM too
+    main()
