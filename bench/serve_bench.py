@@ -97,14 +97,14 @@ def ensure_venv():
             die(f"pip install -r {REQUIREMENTS} failed")
         stamp.write_text(want + "\n")
     if Path(sys.prefix).resolve() != VENV.resolve():
-        os.execv(str(py), [str(py), str(Path(__file__).resolve()), *sys.argv[1:]])
+        os.execv(str(py), [str(py), str(Path(sys.argv[0]).resolve()), *sys.argv[1:]])   # the script that called
 
 
 # --- workload sizes ----------------------------------------------------------------------------
 
 @dataclass
 class Sizes:
-    single_n: int = 8            # sequential requests
+    single_n: int = 12           # sequential requests
     single_prompt: int = 100     # target prompt tokens (passage)
     single_max: int = 128
     levels: tuple = (1, 4, 8, 16)
@@ -186,7 +186,8 @@ class Result:
 
 class Client:
     def __init__(self, session, base, model, temperature):
-        self.session, self.url, self.model, self.temperature = session, base + "/v1/chat/completions", model, temperature
+        self.session, self.url = session, base + "/v1/chat/completions"
+        self.model, self.temperature = model, temperature
         self.requests = 0
 
     async def chat(self, messages, max_tokens, seed, drop_after=None, sink=None):
@@ -294,7 +295,8 @@ async def w_levels(cl, corpus, sz):
 
         tasks = [asyncio.ensure_future(worker(j)) for j in range(c)]
         await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
-        while (any(not r.times and not r.end for r in rs) and not any(t.done() for t in tasks)
+        while (any(not r.times and not r.end for r in rs)
+               and not any(t.done() and t.exception() for t in tasks)     # a failed request
                and time.perf_counter() < w1 + 120):
             await asyncio.sleep(0.01)
         for t in tasks:
@@ -312,7 +314,10 @@ async def w_levels(cl, corpus, sz):
         in_window = sum(1 for r in rs for t in r.times if w0 <= t < w1)
         ttft = [r.ttft for r in rs if r.times and r.sent < w1]
         out[f"c{c}.tok_s"] = in_window * per_chunk / (w1 - w0)
-        out[f"c{c}.req_s"] = sum(1 for r in finished if w0 <= r.end < w1) / (w1 - w0)
+        # Requests/s as output tok/s over the mean output of a finished request: at c=16 a request
+        # lasts about as long as the window, so counting the requests that end inside it would
+        # depend on where the window cuts the waves.
+        out[f"c{c}.req_s"] = out[f"c{c}.tok_s"] / statistics.mean(r.tokens for r in finished)
         out[f"c{c}.ttft_p50"] = pct(ttft, 50) * 1e3
         out[f"c{c}.ttft_p99"] = pct(ttft, 99) * 1e3
         out[f"c{c}.out_tokens"] = statistics.mean(r.tokens for r in finished)
@@ -720,7 +725,8 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="skip cargo build / install-engines / fetch-models")
     ap.add_argument("--servers", default="llama-server,llmr", help="for development: run only some servers")
     ap.add_argument("--retries", type=int, default=None,
-                    help="measure a server again when other processes used >= 0.25 cores meanwhile (default 2, smoke 0)")
+                    help="measure a server again when other processes used >= 0.25 cores meanwhile "
+                    "(default 2, smoke 0)")
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--workload-timeout", type=float, default=300)
     ap.add_argument("--max-minutes", type=float, default=None,
