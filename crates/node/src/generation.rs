@@ -91,15 +91,36 @@ pub async fn count_tokens(
 }
 
 /// The settings besides the prompt that decide a greedy output, for the cache key.
-pub fn settings_key(s: &Sampling, add_bos: bool, parse_special: bool) -> String {
+fn settings_key(s: &Sampling, add_bos: bool, parse_special: bool) -> String {
     format!(
         "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={add_bos} special={parse_special}",
         s.max_tokens, s.top_k, s.top_p, s.min_p, s.repeat_penalty, s.presence_penalty, s.frequency_penalty, s.stop
     )
 }
 
+/// Starts a request's generation: a temperature-0 request already answered is replayed from the
+/// cache (no slot taken); anything else waits for a slot (or gets 429) and runs.
+pub async fn begin(
+    model: &Arc<LoadedModel>,
+    cache: &Arc<GenerationCache>,
+    input: GenerationInput,
+) -> Result<Generation, ApiError> {
+    let s = &input.sampling;
+    let key = (s.temperature == 0.0 && s.logprobs.is_none() && cache.enabled()).then(|| CacheKey {
+        model: model.name.clone(),
+        prompt: input.prompt.clone(),
+        settings: settings_key(s, input.add_bos, input.parse_special),
+    });
+    if let Some(hit) = key.as_ref().and_then(|k| cache.get(k)) {
+        metrics::counter!(m::CACHE_HITS, "model" => model.name.clone()).increment(1);
+        return Ok(replay(hit));
+    }
+    let permit = model.admission.admit().await?;
+    Ok(start(model.clone(), permit, input, key.map(|k| (cache.clone(), k))))
+}
+
 /// Replays a cached answer as if it were generated.
-pub fn replay(hit: CachedGeneration) -> Generation {
+fn replay(hit: CachedGeneration) -> Generation {
     let (tx, rx) = mpsc::unbounded_channel();
     for text in hit.pieces {
         let _ = tx.send(GenEvent::Piece(Piece { text, logprob: None }));
@@ -114,7 +135,7 @@ pub fn replay(hit: CachedGeneration) -> Generation {
 }
 
 /// Starts generating on a blocking thread; the permit is held until the engine returns.
-pub fn start(
+fn start(
     model: Arc<LoadedModel>,
     permit: SlotPermit,
     input: GenerationInput,

@@ -219,11 +219,6 @@ impl ModelManager {
             }
         }
     }
-
-    /// Unloads a model now (idle or not: running requests keep the engine until they finish).
-    pub fn unload(&self, name: &str) -> bool {
-        self.entries.get(name).is_some_and(|e| e.loaded.lock().unwrap().take().is_some())
-    }
 }
 
 /// Weights plus a KV allowance. The engine decides its context; a quarter of the weights with a

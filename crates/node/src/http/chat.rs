@@ -1,7 +1,6 @@
 //! `POST /v1/chat/completions`.
 
 use super::{count_error, parse_json, sse, HttpError, SharedState};
-use crate::cache::CacheKey;
 use crate::generation::{self, Collected, Finished, GenEvent, Generation, GenerationInput};
 use crate::metrics as m;
 use crate::models::LoadedModel;
@@ -54,14 +53,6 @@ async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: I
     let prompt_tokens = generation::count_tokens(&model, &prompt, false, true).await.map_err(fail)?;
     req.sampling.check_context(prompt_tokens, model.engine.info().context_length, "messages").map_err(fail)?;
 
-    let key =
-        (req.sampling.temperature == 0.0 && req.sampling.logprobs.is_none() && state.cache.enabled()).then(|| {
-            CacheKey {
-                model: model.name.clone(),
-                prompt: prompt.clone(),
-                settings: generation::settings_key(&req.sampling, false, true),
-            }
-        });
     let input = GenerationInput {
         prompt,
         sampling: req.sampling.clone(),
@@ -70,16 +61,7 @@ async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: I
         endpoint: ENDPOINT,
         arrived,
     };
-    let gen = match key.as_ref().and_then(|k| state.cache.get(k)) {
-        Some(hit) => {
-            metrics::counter!(m::CACHE_HITS, "model" => model.name.clone()).increment(1);
-            generation::replay(hit)
-        }
-        None => {
-            let permit = model.admission.admit().await.map_err(fail)?;
-            generation::start(model.clone(), permit, input, key.map(|k| (state.cache.clone(), k)))
-        }
-    };
+    let gen = generation::begin(&model, &state.cache, input).await.map_err(fail)?;
     let id = new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed));
     if req.stream {
         stream(state, model, req, tools, gen, id).await
