@@ -3,8 +3,12 @@
 mod chat_cmd;
 mod config;
 mod engines_cmd;
+mod keys_cmd;
 mod list_cmd;
+mod node_args;
+mod node_cmd;
 mod pull_cmd;
+mod router_cmd;
 mod run_cmd;
 mod serve_cmd;
 
@@ -27,6 +31,13 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Serve models over the OpenAI API on this machine.
     Serve(serve_cmd::ServeArgs),
+    /// Run a node under a router: register, report, and serve the router's models.
+    Node(node_cmd::NodeCmdArgs),
+    /// Run the router: one OpenAI endpoint in front of the nodes.
+    Router(router_cmd::RouterArgs),
+    /// Manage the router's API keys.
+    #[command(subcommand)]
+    Keys(keys_cmd::KeysCommand),
     /// Download a GGUF model from a Hugging Face compatible hub (or import a local file) into the store.
     Pull(pull_cmd::PullArgs),
     /// List the models in the local store.
@@ -45,6 +56,9 @@ fn main() -> std::process::ExitCode {
         Command::Engines(cmd) => engines_cmd::run(cmd),
         Command::Run(args) => run_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Serve(args) => serve_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Node(args) => node_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Router(args) => router_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Keys(cmd) => keys_cmd::run(cmd).map(|()| std::process::ExitCode::SUCCESS),
         Command::Pull(args) => pull_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::List(args) => list_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Chat(args) => chat_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),

@@ -1,13 +1,22 @@
-//! `llmr serve`: the OpenAI-compatible server on this machine (router and node in one process).
+//! `llmr serve`: the OpenAI-compatible server on this machine: a router and one node in one
+//! process, over the same code paths as `llmr router` + `llmr node` (the node listens on a
+//! loopback port of its own, registers with the router over HTTP and heartbeats; the router
+//! validates, routes and proxies). Models registered at the router (`POST /v0/models`) are
+//! fetched into the store and served like the store's own.
 
-use crate::config::{self, FileConfig};
+use crate::node_args::{bind, NodeArgs};
+// `llmr router` stops on the same signals.
+pub(crate) use crate::node_args::shutdown_signal;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llmr_engine_host::detect_gpu;
 use llmr_model_store::{ModelDescriptor, ModelStore};
+use llmr_node::agent::{new_secret, Agent, AgentConfig, Backoff};
 use llmr_node::{Node, NodeConfig};
+use llmr_router::{EmbeddedNode, Router, RouterConfig, Scope};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The model `llmr serve` preloads when none is named: small enough for any machine.
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
@@ -30,35 +39,11 @@ pub struct ServeArgs {
     /// whole store. The first one is preloaded.
     #[arg(long = "model", short = 'm', env = "LLMR_MODEL", value_delimiter = ',')]
     models: Vec<String>,
-    /// The model store (default ~/.llmr/models).
-    #[arg(long, env = "LLMR_MODELS")]
-    store: Option<PathBuf>,
-    #[arg(long, env = "LLMR_ENGINES_DIR")]
-    engines_dir: Option<PathBuf>,
-    /// Requests each model runs at once.
-    #[arg(long, env = "LLMR_SLOTS")]
-    slots: Option<u32>,
-    /// Requests that may wait per model before the server answers 429.
-    #[arg(long, env = "LLMR_QUEUE_LIMIT")]
-    queue_limit: Option<usize>,
-    /// CPU threads per engine (0: the engine's choice).
-    #[arg(long, env = "LLMR_THREADS")]
-    threads: Option<u32>,
-    /// Context length per request (0: the engine's default).
-    #[arg(long, env = "LLMR_CTX_SIZE")]
-    ctx_size: Option<u32>,
-    /// Memory the loaded models may use (default: 90% of RAM).
-    #[arg(long, env = "LLMR_MEMORY_BUDGET_MIB")]
-    memory_budget_mib: Option<u64>,
-    /// Temperature-0 answer cache (default: 5% of RAM; 0 turns it off).
-    #[arg(long, env = "LLMR_CACHE_MIB")]
-    cache_mib: Option<usize>,
-    /// Largest request body accepted (413 beyond).
-    #[arg(long, env = "LLMR_BODY_LIMIT_MIB")]
-    body_limit_mib: Option<usize>,
-    /// TOML config file (default ~/.llmr/config.toml when present).
-    #[arg(long, env = "LLMR_CONFIG")]
-    config: Option<PathBuf>,
+    /// The router's SQLite database (default ~/.llmr/router.db).
+    #[arg(long = "router-db", env = "LLMR_ROUTER_DB")]
+    router_db: Option<PathBuf>,
+    #[command(flatten)]
+    node: NodeArgs,
 }
 
 /// A `--model` value resolved to a descriptor.
@@ -84,12 +69,14 @@ fn resolve_model(spec: &str, store: &ModelStore) -> Result<ModelDescriptor> {
     Ok(desc)
 }
 
-fn is_loopback(host: &str) -> bool {
+pub(crate) fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let file: FileConfig = config::load(args.config.as_deref())?;
+    let file = args.node.file()?;
+    let store_root = args.node.store_root(&file)?;
+    let node_config = args.node.node_config(&file);
     let host = args.host.or(file.host).unwrap_or_else(|| "127.0.0.1".into());
     let port = args.port.or(file.port).unwrap_or(8080);
     let api_key = args.api_key.or(file.api_key).filter(|k| !k.is_empty());
@@ -97,10 +84,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if !is_loopback(&host) && api_key.is_none() && !no_auth {
         bail!("refusing to listen on {host} without an API key: set --api-key (or LLMR_API_KEY), or pass --no-auth to accept the risk");
     }
-    let store_root = match args.store.or(file.store) {
-        Some(p) => p,
-        None => ModelStore::default_root().context("no home directory for the model store; pass --store")?,
-    };
     let store = ModelStore::open(&store_root)?;
     let specs = if args.models.is_empty() { file.models.unwrap_or_default() } else { args.models };
     let models: Vec<ModelDescriptor> = if specs.is_empty() {
@@ -122,56 +105,111 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if detect_gpu().is_none() {
         eprintln!("warning: no GPU found; serving on CPU (fine for development and small models, not recommended for production)");
     }
-    let defaults = NodeConfig::default();
-    let config = NodeConfig {
-        engines_dir: args.engines_dir.or(file.engines_dir).unwrap_or(defaults.engines_dir),
-        models,
-        slots: args.slots.or(file.slots).unwrap_or(defaults.slots),
-        queue_limit: args.queue_limit.or(file.queue_limit).unwrap_or(defaults.queue_limit),
-        threads: args.threads.or(file.threads).unwrap_or(defaults.threads),
-        context_length: args.ctx_size.or(file.ctx_size).unwrap_or(defaults.context_length),
-        memory_budget: args.memory_budget_mib.or(file.memory_budget_mib).map(|m| m << 20),
-        cache_bytes: args.cache_mib.or(file.cache_mib).map(|m| m << 20),
-        api_key,
-        body_limit: args.body_limit_mib.or(file.body_limit_mib).map_or(defaults.body_limit, |m| m << 20),
-    };
+    // The node answers only the router (its secret); clients use the router's key, if any.
+    let secret = new_secret();
+    let node_token = new_secret();
+    let body_limit = node_config.body_limit;
+    let config = NodeConfig { models, api_keys: vec![secret.clone()], ..node_config };
+    let mut router_config = RouterConfig::new(crate::router_cmd::db_path(args.router_db)?);
+    router_config.require_auth = api_key.is_some();
+    router_config.allow_cpu_nodes = true;
+    // In-process heartbeats only stop when the process does; the margin absorbs a busy machine.
+    router_config.heartbeat_interval = Duration::from_secs(2);
+    router_config.heartbeat_timeout = Duration::from_secs(15);
+    router_config.body_limit = body_limit;
+    router_config.fixed_keys.push((node_token.clone(), "embedded node".into(), vec![Scope::Node]));
+    if let Some(key) = api_key {
+        router_config.fixed_keys.push((key, "llmr serve --api-key".into(), vec![Scope::Api, Scope::Admin]));
+    }
+    let scan_store = specs.is_empty();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let node = Node::new(config)?;
-        let names: Vec<String> = node.models().entries().map(|e| e.desc.name.clone()).collect();
+        let names: Vec<String> = node.models().entries().iter().map(|e| e.desc.name.clone()).collect();
         if names.is_empty() {
             bail!("none of the models has an engine that can run it (see the warnings above and `llmr engines list`)");
         }
-        let addr: SocketAddr = tokio::net::lookup_host((host.as_str(), port))
-            .await
-            .with_context(|| format!("resolving {host}"))?
-            .next()
-            .with_context(|| format!("{host} resolves to no address"))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+        let router = Router::open(router_config)?;
+        let (m1, m2) = (node.models().clone(), node.models().clone());
+        router.embed_node(EmbeddedNode {
+            refresh_metrics: Box::new(move || llmr_node::metrics::refresh(&m1)),
+            health: Box::new(move || llmr_node::health_report(&m2)),
+        });
+        let listener = bind(&host, port).await?;
         let bound = listener.local_addr()?;
-        if names.contains(&default_model) {
-            node.preload(&default_model);
+        let node_listener = bind("127.0.0.1", 0).await?;
+        let node_url = format!("http://{}", node_listener.local_addr()?);
+        let router_url = format!("http://{}", loopback_of(bound));
+        let mut agent_config =
+            AgentConfig::new(router_url, node_token, "local".into(), node_url, secret, store_root.clone());
+        agent_config.scan_store = scan_store;
+        agent_config.backoff = Backoff { initial: Duration::from_millis(20), max: Duration::from_secs(2) };
+        let models = node.models().clone();
+        let agent = tokio::task::spawn_blocking(move || Agent::new(agent_config, models)).await??;
+
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let stopped_node = stopped.clone();
+        let mut node_server = tokio::spawn(node_serve(node, node_listener, stopped_node, default_model.clone(), names.clone()));
+        let state = router.state().clone();
+        let mut stopped_router = stopped.clone();
+        let mut router_server = tokio::spawn(router.serve(listener, async move {
+            let _ = stopped_router.wait_for(|s| *s).await;
+        }));
+        let registered = agent.register().await?;
+        let mut agent_run = tokio::spawn(async move { agent.run(registered).await });
+        // Listening means routable: wait for the heartbeat that reports the models.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !state.nodes.reported_models().iter().any(|m| names.contains(m)) {
+            if tokio::time::Instant::now() > deadline {
+                bail!("the embedded node did not report its models to the router within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         eprintln!("llmr listening on http://{bound} (models: {}; default {default_model})", names.join(", "));
-        node.serve(listener, shutdown_signal()).await
+        let outcome = tokio::select! {
+            () = shutdown_signal() => Ok(()),
+            r = &mut router_server => r.map_err(anyhow::Error::from).and_then(|r| r).context("the router stopped"),
+            r = &mut node_server => r.map_err(anyhow::Error::from).and_then(|r| r).context("the node's HTTP server stopped"),
+            r = &mut agent_run => match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(anyhow::Error::from(e).context("the embedded node's agent stopped")),
+                Err(e) => Err(anyhow::Error::from(e).context("the embedded node's agent panicked")),
+            },
+        };
+        let _ = stop.send(true);
+        agent_run.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = router_server.await;
+            let _ = node_server.await;
+        })
+        .await;
+        outcome
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            s.recv().await;
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+/// Serves the node on its private listener after preloading the default model.
+async fn node_serve(
+    node: Node,
+    listener: tokio::net::TcpListener,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+    default_model: String,
+    names: Vec<String>,
+) -> Result<()> {
+    if names.contains(&default_model) {
+        node.preload(&default_model);
     }
-    eprintln!("llmr: shutting down");
+    node.serve(listener, async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
+    .await
+}
+
+/// Where this process reaches its own router: the bound port on loopback when bound to every
+/// address, else the bound address itself.
+fn loopback_of(bound: SocketAddr) -> SocketAddr {
+    match bound.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], bound.port())),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, bound.port())),
+        _ => bound,
+    }
 }

@@ -118,10 +118,14 @@ fn temperature_zero_answers_are_cached_and_metrics_count_them() {
     assert_eq!(third["usage"]["completion_tokens"], 3);
     assert_eq!(metric(&s.get_text("/metrics"), "llmr_generation_cache_hits_total", ""), 1.0);
 
-    // An error is counted with its status.
+    // An unknown model is refused by the embedded router, counted with its status; the
+    // proxied requests are counted per node.
     let (status, _) = s.post("/v1/chat/completions", &chat("nope", "x"));
     assert_eq!(status, 404);
-    assert_eq!(metric(&s.get_text("/metrics"), "llmr_request_errors_total", "status=\"404\""), 1.0);
+    let m = s.get_text("/metrics");
+    assert_eq!(metric(&m, "llmr_router_rejected_total", "status=\"404\""), 1.0, "{m}");
+    assert_eq!(metric(&m, "llmr_router_requests_total", "node=\"local\",status=\"200\""), 3.0, "{m}");
+    assert_eq!(metric(&m, "llmr_router_node_healthy", "local"), 1.0, "{m}");
 }
 
 #[test]

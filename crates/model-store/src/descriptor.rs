@@ -2,7 +2,7 @@
 
 use crate::error::StoreError;
 use crate::gguf::{GgufHeader, PoolingType};
-use crate::layout::{self, GgufFiles};
+use crate::layout::{self, DirListing, GgufFiles};
 use crate::safetensors::SafetensorsModel;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -94,7 +94,8 @@ const ENCODER_ARCHITECTURES: &[&str] = &[
 ];
 
 /// The RuntimeType of spec 000: GGUF goes to llama.cpp, safetensors to per-model engines.
-fn runtime_for(format: Format, architecture: &str) -> &'static str {
+/// (Known before any file is read, from a manifest's format and architecture.)
+pub fn runtime_for(format: Format, architecture: &str) -> &'static str {
     let arch = architecture.to_ascii_lowercase();
     match format {
         Format::Gguf => "LlamaCpp",
@@ -131,6 +132,42 @@ impl ModelDescriptor {
         let files = layout::parts_beside(&dir, file_name, |name| dir.join(name).is_file());
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or(file_name).to_string();
         Self::from_gguf(name, &files, &header, None)
+    }
+
+    /// Describes a model from a list of its files (a router's manifest): `primary` and `files`
+    /// are `/`-separated paths relative to `dir`, which the caller has checked stay inside it.
+    /// Only the listed files count, so a shared folder holding other models changes nothing.
+    /// GGUF: the split parts and the projector among the files beside `primary`; safetensors:
+    /// spec 003's rules over the files beside it.
+    pub fn from_files(name: String, dir: &Path, primary: &str, files: &[&str]) -> Result<Self, StoreError> {
+        let (sub, primary_name) = primary.rsplit_once('/').unwrap_or(("", primary));
+        let model_dir = if sub.is_empty() { dir.to_path_buf() } else { dir.join(sub) };
+        let mut beside: Vec<String> = files
+            .iter()
+            .filter_map(|f| match f.rsplit_once('/') {
+                Some((parent, file)) if parent == sub => Some(file),
+                None if sub.is_empty() => Some(*f),
+                _ => None,
+            })
+            .map(str::to_string)
+            .collect();
+        beside.sort();
+        beside.dedup();
+        let listing = DirListing { dir: model_dir.clone(), files: beside, subdirs: vec![] };
+        if layout::is_gguf(primary_name) {
+            let path = model_dir.join(primary_name);
+            if layout::is_mmproj(primary_name) {
+                return Err(StoreError::Projector { path });
+            }
+            let header = GgufHeader::open(&path).map_err(StoreError::gguf(&path))?;
+            let parts = layout::parts_beside(&model_dir, primary_name, |n| listing.files.iter().any(|f| f == n));
+            return Self::from_gguf(name, &parts, &header, listing.mmproj());
+        }
+        if listing.has_safetensors() {
+            let model = crate::safetensors::inspect(&listing)?;
+            return Self::from_safetensors(name, &model_dir, model);
+        }
+        Err(StoreError::NoModelFiles { dir: model_dir })
     }
 
     pub(crate) fn from_gguf(

@@ -71,7 +71,7 @@ pub fn is_mmproj(file_name: &str) -> bool {
 
 /// `(prefix, part, count)` of a split GGUF name such as `model-00001-of-00003.gguf`
 /// (llama.cpp's `gguf-split` naming).
-pub(crate) fn split_part(file_name: &str) -> Option<(&str, u32, u32)> {
+pub fn split_part(file_name: &str) -> Option<(&str, u32, u32)> {
     let stem = file_name.get(..file_name.len().checked_sub(5)?).filter(|_| is_gguf(file_name))?;
     let (rest, count) = stem.rsplit_once("-of-")?;
     let (prefix, part) = rest.rsplit_once('-')?;
@@ -83,7 +83,8 @@ pub(crate) fn split_part(file_name: &str) -> Option<(&str, u32, u32)> {
     (1..=count).contains(&part).then_some((prefix, part, count))
 }
 
-fn part_name(prefix: &str, part: u32, count: u32) -> String {
+/// The name of part `part` of `count` of a split GGUF (the inverse of [`split_part`]).
+pub fn split_part_name(prefix: &str, part: u32, count: u32) -> String {
     format!("{prefix}-{part:05}-of-{count:05}.gguf")
 }
 
@@ -92,7 +93,7 @@ pub(crate) fn parts_beside(dir: &Path, primary_name: &str, exists: impl Fn(&str)
     let mut files = GgufFiles { primary: dir.join(primary_name), other_parts: vec![], missing_parts: vec![] };
     if let Some((prefix, 1, count)) = split_part(primary_name) {
         for part in 2..=count {
-            let name = part_name(prefix, part, count);
+            let name = split_part_name(prefix, part, count);
             if exists(&name) {
                 files.other_parts.push(dir.join(name));
             } else {

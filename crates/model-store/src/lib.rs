@@ -18,9 +18,9 @@ pub mod pull;
 mod safetensors;
 mod store;
 
-pub use descriptor::{Capability, Format, ModelDescriptor};
+pub use descriptor::{runtime_for, Capability, Format, ModelDescriptor};
 pub use error::StoreError;
-pub use layout::{is_gguf, is_mmproj};
+pub use layout::{is_gguf, is_mmproj, split_part, split_part_name};
 pub use name::{ModelName, ModelRef, NameError, NameProblem, MAX_NAME_LEN};
 pub use safetensors::SafetensorsError;
 pub use store::ModelStore;

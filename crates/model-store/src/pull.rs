@@ -15,13 +15,14 @@ mod select;
 mod transfer;
 
 use self::select::{base_name, select_file};
+pub use self::select::{choose_gguf, GgufChoiceError};
 use self::transfer::error_chain;
 use crate::descriptor::ModelDescriptor;
 use crate::error::StoreError;
 use crate::name::{ModelName, NameError};
 use crate::store::ModelStore;
 use reqwest::blocking::Client;
-use reqwest::Url;
+pub use reqwest::Url;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -64,6 +65,15 @@ pub struct RemoteFile {
     /// The path in the repository (`rfilename`), checked to stay inside it.
     pub path: String,
     pub siblings: Vec<String>,
+}
+
+/// What the caller already knows of a file it fetches (a model manifest's size and sha256).
+/// Each is checked when given; otherwise what the server announces is checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expected {
+    pub size: Option<u64>,
+    /// Hex, either case.
+    pub sha256: Option<String>,
 }
 
 /// The result of a pull.
@@ -124,7 +134,7 @@ pub enum PullError {
     },
     #[error("{file}: expected {expected} bytes, received {actual}")]
     SizeMismatch { file: String, expected: u64, actual: u64 },
-    #[error("{file}: sha256 mismatch: the hub announced {expected}, the download has {actual}; the partial download was removed")]
+    #[error("{file}: sha256 mismatch: expected {expected}, the download has {actual}; the download was removed")]
     Sha256Mismatch { file: String, expected: String, actual: String },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -191,7 +201,32 @@ impl Hub {
     }
 
     fn file_url(&self, repo: &ModelName, path: &str) -> Url {
-        self.url(repo.as_str().split('/').chain(["resolve", "main"]).chain(path.split('/')))
+        self.file_url_at(repo.as_str(), "main", path)
+    }
+
+    /// `{endpoint}/{repo}/resolve/{revision}/{path}`: a file of a repository at a revision. Each
+    /// `/`-separated part is percent-encoded as one path segment; callers check that `repo`,
+    /// `revision` and `path` have no `.`/`..` segments.
+    pub fn file_url_at(&self, repo: &str, revision: &str, path: &str) -> Url {
+        self.url(repo.split('/').chain(["resolve"]).chain(revision.split('/')).chain(path.split('/')))
+    }
+
+    /// Downloads `url` into `partial` (resuming what it already holds with a `Range` request),
+    /// checks its size and sha256 against `expected` (else what the server announces) and
+    /// renames it to `dest` (same filesystem: atomic). A download that proves wrong is deleted
+    /// and an error returned: no unchecked byte ever carries `dest`'s name. The token, if any,
+    /// is sent only to this hub's own origin. Blocking.
+    pub fn fetch(
+        &self,
+        url: Url,
+        partial: &Path,
+        dest: &Path,
+        expected: &Expected,
+        mut progress: impl FnMut(u64, Option<u64>),
+    ) -> Result<(), PullError> {
+        let label = url.to_string();
+        let target = transfer::Target { url, file: &label, repo: None };
+        self.download_to(&target, partial, dest, expected, &mut progress)
     }
 
     /// Lists the repository and chooses the file `spec` asks for.
@@ -303,6 +338,11 @@ fn remove_empty_dirs(store: &ModelStore, dir: &Path) {
 
 fn staging_dir(model_dir: &Path) -> PathBuf {
     model_dir.join(STAGING_DIR)
+}
+
+/// The sha256 of a file, lower-case hex (reading it whole: blocking, and slow for large files).
+pub fn sha256_file(path: &Path) -> io::Result<String> {
+    transfer::sha256_file(path)
 }
 
 /// Where an interrupted download of `file_name` into `model_dir` waits to be resumed.

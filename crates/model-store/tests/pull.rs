@@ -6,7 +6,7 @@
 #[allow(dead_code)]
 mod support;
 
-use llmr_model_store::pull::{partial_path_for, Hub, PullError, PullSpec};
+use llmr_model_store::pull::{partial_path_for, Expected, Hub, PullError, PullSpec};
 use llmr_model_store::{ModelName, ModelStore};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -426,4 +426,39 @@ fn file_names_that_could_escape_are_refused() {
     assert!(hub.requests("resolve").is_empty(), "nothing was downloaded");
     assert_eq!(entries(store.root()), Vec::<String>::new());
     assert!(!Path::new(&store.root().join("escape-Q4_1.gguf")).exists());
+}
+
+#[test]
+fn fetch_checks_what_the_caller_expects_and_resumes() {
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let sha = format!("{:x}", Sha256::digest(&bytes));
+    let files = vec![("sub/w.bin".to_string(), Body::Bytes(bytes.clone()))];
+    // No ETag: only the caller's expectations say what the file must be.
+    let hub = TestHub::start(Config { etag: Etag::None, ..config(&[("testorg/m", files)]) });
+    let client = hub.client();
+    assert_eq!(
+        client.file_url_at("testorg/m", "refs/pr/1", "sub/w.bin").as_str(),
+        format!("{}/testorg/m/resolve/refs/pr/1/sub/w.bin", hub.url)
+    );
+    let url = client.file_url_at("testorg/m", "main", "sub/w.bin");
+    let dir = tempfile::tempdir().unwrap();
+    let (partial, dest) = (dir.path().join("w.bin.partial"), dir.path().join("w.bin"));
+    let expect = |size: u64, sha: &str| Expected { size: Some(size), sha256: Some(sha.to_string()) };
+    let len = bytes.len() as u64;
+
+    let err = client.fetch(url.clone(), &partial, &dest, &expect(len, &"0".repeat(64)), |_, _| {}).unwrap_err();
+    assert!(matches!(err, PullError::Sha256Mismatch { .. }), "{err}");
+    assert!(err.to_string().contains(&sha), "{err}");
+    assert!(!dest.exists() && !partial.exists(), "a corrupt download is deleted");
+
+    let err = client.fetch(url.clone(), &partial, &dest, &expect(len - 1, &sha), |_, _| {}).unwrap_err();
+    assert!(matches!(err, PullError::SizeMismatch { .. }), "{err}");
+    assert!(!dest.exists() && !partial.exists());
+
+    std::fs::write(&partial, &bytes[..100_000]).unwrap();
+    client.fetch(url, &partial, &dest, &expect(len, &sha.to_uppercase()), |_, _| {}).unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+    assert!(!partial.exists());
+    let last = hub.requests("sub/w.bin").pop().unwrap();
+    assert_eq!(last.range.as_deref(), Some("bytes=100000-"), "the partial file was resumed");
 }

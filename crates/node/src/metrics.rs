@@ -2,8 +2,7 @@
 //! LLM latencies, and gauges refreshed from the engines at scrape time.
 
 use crate::models::ModelManager;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+use metrics_exporter_prometheus::PrometheusHandle;
 
 pub const REQUESTS: &str = "llmr_requests_total";
 pub const ERRORS: &str = "llmr_request_errors_total";
@@ -20,26 +19,12 @@ pub const MODELS_LOADED: &str = "llmr_models_loaded";
 pub const KV_USAGE: &str = "llmr_kv_cache_usage_ratio";
 pub const MODEL_LOADS: &str = "llmr_model_loads_total";
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-
-/// Installs the recorder (once per process; later calls reuse it).
+/// Installs the process-wide recorder (shared with an embedded router) and describes the node's metrics.
 pub fn handle() -> &'static PrometheusHandle {
-    HANDLE.get_or_init(|| {
-        let latency = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
-        let rate = [1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0];
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full(TTFT.into()), &latency)
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(INTER_TOKEN.into()), &latency))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &latency))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DECODE_RATE.into()), &rate))
-            .expect("bucket lists are non-empty")
-            .build_recorder();
-        let handle = recorder.handle();
-        // Another recorder (a test harness's) may already be installed; ours still renders.
-        let _ = metrics::set_global_recorder(recorder);
-        describe();
-        handle
-    })
+    static DESCRIBED: std::sync::Once = std::sync::Once::new();
+    let handle = llmr_telemetry::prometheus();
+    DESCRIBED.call_once(describe);
+    handle
 }
 
 fn describe() {
@@ -61,7 +46,13 @@ fn describe() {
 
 /// Refreshes the gauges that are read from state rather than counted, then renders.
 pub fn render(models: &ModelManager) -> String {
-    let handle = handle();
+    refresh(models);
+    handle().render()
+}
+
+/// Sets the gauges that are read from state rather than counted (queue depth, busy slots, KV use).
+pub fn refresh(models: &ModelManager) {
+    handle();
     let loaded = models.loaded();
     metrics::gauge!(MODELS_LOADED).set(loaded.len() as f64);
     for entry in models.entries() {
@@ -83,5 +74,4 @@ pub fn render(models: &ModelManager) -> String {
             }
         }
     }
-    handle.render()
 }

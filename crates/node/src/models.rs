@@ -1,5 +1,9 @@
 //! The models a node serves: the catalog (every model some plugin can run) and the loaded set.
 //!
+//! The catalog changes while the node runs (models synced from a router are added and removed):
+//! a request holds the `Arc` of the entry it looked up, so replacing or removing an entry never
+//! pulls a model from under a request.
+//!
 //! Models load lazily on first use, once, however many requests ask at the same time. When a
 //! load would exceed the memory budget, idle models are unloaded least-recently-used first; a
 //! model with requests in flight is never unloaded under them (its engine lives until the last
@@ -8,11 +12,11 @@
 use crate::admission::Admission;
 use crate::engine::{Engine, EngineSettings, PluginEngine};
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
-use llmr_engine_host::{EngineRegistry, ModelRequirements, Plugin};
-use llmr_model_store::ModelDescriptor;
+use llmr_engine_host::{EngineRegistry, ModelRequirements, Plugin, ResolveError};
+use llmr_model_store::{runtime_for, Format, ModelDescriptor};
 use llmr_openai::ApiError;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// A model the node can serve, with the plugin chosen for it.
@@ -58,70 +62,128 @@ pub struct ModelPolicy {
 }
 
 pub struct ModelManager {
-    entries: BTreeMap<String, CatalogEntry>,
+    entries: RwLock<BTreeMap<String, Arc<CatalogEntry>>>,
+    registry: Arc<EngineRegistry>,
     policy: ModelPolicy,
 }
 
-/// Models whose architecture no plugin supports are left out (and logged), so `/v1/models`
-/// lists only what can answer.
-pub fn build_catalog(models: Vec<ModelDescriptor>, registry: &EngineRegistry) -> BTreeMap<String, CatalogEntry> {
-    let mut entries = BTreeMap::new();
-    for desc in models {
+/// What the node is doing right now (a router's heartbeat carries it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    /// Requests running in an engine slot, over all loaded models.
+    pub active_requests: usize,
+    /// Requests waiting for a slot, over all loaded models.
+    pub queue_depth: usize,
+    /// Names of the loaded models, sorted.
+    pub loaded: Vec<String>,
+    /// The memory budget's estimate of what the loaded models hold (weights and KV allowance).
+    pub memory_used_bytes: u64,
+}
+
+impl ModelManager {
+    /// An empty catalog; [`ModelManager::add`] fills it.
+    pub fn new(registry: Arc<EngineRegistry>, policy: ModelPolicy) -> Self {
+        ModelManager { entries: RwLock::new(BTreeMap::new()), registry, policy }
+    }
+
+    pub fn registry(&self) -> &Arc<EngineRegistry> {
+        &self.registry
+    }
+
+    /// The runtimes of the loaded plugins (`LlamaCpp`, ...), sorted, each once.
+    pub fn runtimes(&self) -> Vec<String> {
+        let mut all: Vec<String> =
+            self.registry.plugins().iter().flat_map(|p| p.manifest.runtimes.iter().cloned()).collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// The plugin that would run a model of this format and architecture, known before any
+    /// file of it is read (a router's manifest says both).
+    pub fn engine_for(&self, format: Format, architecture: &str) -> Result<Arc<Plugin>, ResolveError> {
+        self.registry.resolve(&ModelRequirements {
+            runtime: Some(runtime_for(format, architecture)),
+            format: format.as_str(),
+            architecture,
+            scores: None,
+        })
+    }
+
+    /// Adds a model to the catalog, or replaces the entry of that name. When no plugin can run
+    /// it, fails and leaves no entry of that name. An entry with the very same descriptor is
+    /// kept as it is (loaded or not); a replaced entry that was loaded is unloaded once its
+    /// requests finish (they hold its engine).
+    pub fn add(&self, desc: ModelDescriptor) -> Result<(), ResolveError> {
         let req = ModelRequirements {
             runtime: Some(&desc.runtime),
             format: desc.format.as_str(),
             architecture: &desc.architecture,
             scores: None,
         };
-        match registry.resolve(&req) {
-            Ok(plugin) => {
-                let created = std::fs::metadata(&desc.primary_file)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_secs());
-                if entries.contains_key(&desc.name) {
-                    tracing::warn!(model = %desc.name, "two models share this name; serving the first");
-                    continue;
-                }
-                entries.insert(
-                    desc.name.clone(),
-                    CatalogEntry {
-                        desc,
-                        plugin,
-                        created,
-                        loaded: Mutex::new(None),
-                        loading: tokio::sync::Mutex::new(()),
-                    },
-                );
+        let plugin = match self.registry.resolve(&req) {
+            Ok(plugin) => plugin,
+            Err(e) => {
+                self.remove(&desc.name);
+                return Err(e);
             }
-            Err(e) => tracing::warn!(model = %desc.name, "not served: {e}"),
+        };
+        let mut entries = self.entries.write().unwrap();
+        if entries.get(&desc.name).is_some_and(|e| e.desc == desc && Arc::ptr_eq(&e.plugin, &plugin)) {
+            return Ok(());
         }
-    }
-    entries
-}
-
-impl ModelManager {
-    pub fn new(entries: BTreeMap<String, CatalogEntry>, policy: ModelPolicy) -> Self {
-        ModelManager { entries, policy }
-    }
-
-    pub fn entries(&self) -> impl Iterator<Item = &CatalogEntry> {
-        self.entries.values()
-    }
-
-    pub fn entry(&self, name: &str) -> Option<&CatalogEntry> {
-        self.entries.get(name)
+        let created = std::fs::metadata(&desc.primary_file)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let entry =
+            CatalogEntry { desc, plugin, created, loaded: Mutex::new(None), loading: tokio::sync::Mutex::new(()) };
+        if let Some(old) = entries.insert(entry.desc.name.clone(), Arc::new(entry)) {
+            tracing::info!(model = %old.desc.name, "catalog entry replaced");
+        }
+        Ok(())
     }
 
-    /// The loaded models right now (for metrics and health).
+    /// Takes a model out of the catalog: new requests get 404; a loaded model is unloaded once
+    /// its requests finish. Its files are not touched. Returns whether it was there.
+    pub fn remove(&self, name: &str) -> bool {
+        self.entries.write().unwrap().remove(name).is_some()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.read().unwrap().contains_key(name)
+    }
+
+    /// The catalog, sorted by name.
+    pub fn entries(&self) -> Vec<Arc<CatalogEntry>> {
+        self.entries.read().unwrap().values().cloned().collect()
+    }
+
+    pub fn entry(&self, name: &str) -> Option<Arc<CatalogEntry>> {
+        self.entries.read().unwrap().get(name).cloned()
+    }
+
+    /// The loaded models right now (for metrics and health), sorted by name.
     pub fn loaded(&self) -> Vec<Arc<LoadedModel>> {
-        self.entries.values().filter_map(CatalogEntry::current).collect()
+        self.entries.read().unwrap().values().filter_map(|e| e.current()).collect()
+    }
+
+    /// Running and queued requests and memory held, over the loaded models.
+    pub fn load(&self) -> LoadSnapshot {
+        let mut snapshot = LoadSnapshot::default();
+        for m in self.loaded() {
+            snapshot.active_requests += m.admission.busy();
+            snapshot.queue_depth += m.admission.waiting();
+            snapshot.memory_used_bytes += m.footprint;
+            snapshot.loaded.push(m.name.clone());
+        }
+        snapshot
     }
 
     /// The model, loading it first if needed.
     pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, ApiError> {
-        let entry = self.entries.get(name).ok_or_else(|| ApiError::model_not_found(name))?;
+        let entry = self.entry(name).ok_or_else(|| ApiError::model_not_found(name))?;
         if let Some(m) = entry.current() {
             m.touch();
             return Ok(m);
@@ -180,8 +242,9 @@ impl ModelManager {
     fn make_room(&self, loading: &str, needed: u64) -> Result<(), ApiError> {
         loop {
             let mut used = 0u64;
-            let mut victim: Option<(&CatalogEntry, Instant)> = None;
-            for (name, entry) in &self.entries {
+            let mut victim: Option<(Arc<CatalogEntry>, Instant)> = None;
+            for entry in self.entries() {
+                let name = &entry.desc.name;
                 if name == loading {
                     continue;
                 }
@@ -192,8 +255,8 @@ impl ModelManager {
                 // engine alive through its Arc; the memory is returned when it finishes.)
                 let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
                 let last = *m.last_used.lock().unwrap();
-                if idle && victim.is_none_or(|(_, t)| last < t) {
-                    victim = Some((entry, last));
+                if idle && victim.as_ref().is_none_or(|(_, t)| last < *t) {
+                    victim = Some((entry.clone(), last));
                 }
             }
             if used + needed <= self.policy.memory_budget || used == 0 {
@@ -214,7 +277,8 @@ impl ModelManager {
                     used >> 20
                 )));
             };
-            if let Some(m) = entry.loaded.lock().unwrap().take() {
+            let unloaded = entry.loaded.lock().unwrap().take();
+            if let Some(m) = unloaded {
                 tracing::info!(model = %m.name, "unloading (least recently used) to make room for {loading}");
             }
         }

@@ -3,7 +3,7 @@
 use crate::cache::GenerationCache;
 use crate::engine::EngineSettings;
 use crate::http::{self, AppState, SharedState};
-use crate::models::{build_catalog, total_memory_bytes, ModelManager, ModelPolicy};
+use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
 use anyhow::{bail, Result};
 use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
 use llmr_model_store::ModelDescriptor;
@@ -28,7 +28,9 @@ pub struct NodeConfig {
     pub memory_budget: Option<u64>,
     /// Temperature-0 answer cache; `None`: 5% of RAM (spec 003); `Some(0)`: off.
     pub cache_bytes: Option<usize>,
-    pub api_key: Option<String>,
+    /// `/v1` requires `Authorization: Bearer KEY` (or `x-api-key`) with one of these; none: open.
+    /// (Under a router: the router's per-start secret, and the user's key if any.)
+    pub api_keys: Vec<String>,
     pub body_limit: usize,
 }
 
@@ -43,7 +45,7 @@ impl Default for NodeConfig {
             context_length: 0,
             memory_budget: None,
             cache_bytes: None,
-            api_key: None,
+            api_keys: Vec::new(),
             body_limit: 16 << 20,
         }
     }
@@ -71,7 +73,6 @@ impl Node {
             );
         }
         let ram = total_memory_bytes().unwrap_or(8 << 30);
-        let catalog = build_catalog(config.models.clone(), &registry);
         let policy = ModelPolicy {
             engine: EngineSettings {
                 slots: config.slots,
@@ -82,11 +83,24 @@ impl Node {
             queue_limit: config.queue_limit,
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
         };
+        let models = ModelManager::new(Arc::new(registry), policy);
+        // Models whose architecture no plugin supports are left out (and logged), so
+        // `/v1/models` lists only what can answer.
+        for desc in config.models.iter().cloned() {
+            if models.contains(&desc.name) {
+                tracing::warn!(model = %desc.name, "two models share this name; serving the first");
+                continue;
+            }
+            let name = desc.name.clone();
+            if let Err(e) = models.add(desc) {
+                tracing::warn!(model = %name, "not served: {e}");
+            }
+        }
         let cache_bytes = config.cache_bytes.unwrap_or((ram / 20) as usize);
         let state = Arc::new(AppState {
-            models: Arc::new(ModelManager::new(catalog, policy)),
+            models: Arc::new(models),
             cache: Arc::new(GenerationCache::new(cache_bytes)),
-            api_key: config.api_key.clone(),
+            api_keys: config.api_keys.iter().filter(|k| !k.is_empty()).cloned().collect(),
             body_limit: config.body_limit,
             fingerprint: format!("llmr-{}", env!("CARGO_PKG_VERSION")),
         });

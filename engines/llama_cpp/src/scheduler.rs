@@ -204,9 +204,7 @@ impl<'m> Scheduler<'m> {
             self.step.prefill_chunk as usize + self.settings.slots as usize,
             self.settings.slots as i32,
         );
-        self.stats
-            .kv_cells_total
-            .store(u64::from(self.settings.ctx_per_seq) * u64::from(self.settings.slots), Ordering::Relaxed);
+        self.stats.kv_cells_total.store(u64::from(total_cells(&self.settings)), Ordering::Relaxed);
     }
 
     fn busy(&self) -> bool {

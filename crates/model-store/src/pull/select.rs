@@ -81,6 +81,57 @@ fn has_tag(file: &str, tag: &str) -> bool {
     })
 }
 
+/// Why [`choose_gguf`] found no file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GgufChoiceError {
+    /// The listing has no GGUF model file.
+    NoGguf,
+    /// No GGUF file carries the requested tag; `available` are the model files there are.
+    NoMatchingFile { requested: String, available: Vec<String> },
+    /// Several files carry the tag (`requested`), or there is no tag, no preferred one and
+    /// several files.
+    Ambiguous { requested: Option<String>, candidates: Vec<String> },
+}
+
+/// Chooses a GGUF model file among a repository's paths: the one whose file name carries
+/// `quantization` (exact, case-sensitive, a whole word); without a tag Q4_K_M, then Q8_0, else the
+/// only one. Projectors are never chosen; a split model is offered as its first part (the caller
+/// decides whether it can use splits). Paths are not checked here.
+pub fn choose_gguf(siblings: &[String], quantization: Option<&str>) -> Result<String, GgufChoiceError> {
+    let found = candidates(siblings);
+    let tagged = |tag: &str| found.iter().filter(|f| has_tag(f, tag)).map(|f| f.to_string()).collect::<Vec<_>>();
+    if let Some(tag) = quantization {
+        return match tagged(tag).as_slice() {
+            [one] => Ok(one.clone()),
+            [] => {
+                let available = found.iter().map(|f| f.to_string()).collect();
+                Err(GgufChoiceError::NoMatchingFile { requested: tag.to_string(), available })
+            }
+            several => {
+                Err(GgufChoiceError::Ambiguous { requested: Some(tag.to_string()), candidates: several.to_vec() })
+            }
+        };
+    }
+    for tag in PREFERRED_QUANTIZATIONS {
+        match tagged(tag).as_slice() {
+            [] => continue,
+            [one] => return Ok(one.clone()),
+            several => {
+                let (requested, candidates) = (Some(tag.to_string()), several.to_vec());
+                return Err(GgufChoiceError::Ambiguous { requested, candidates });
+            }
+        }
+    }
+    match found.as_slice() {
+        [only] => Ok(only.to_string()),
+        [] => Err(GgufChoiceError::NoGguf),
+        several => {
+            let candidates = several.iter().map(|f| f.to_string()).collect();
+            Err(GgufChoiceError::Ambiguous { requested: None, candidates })
+        }
+    }
+}
+
 /// Chooses the file to pull from a repository's listing.
 pub(super) fn select_file(
     repo: &ModelName,
@@ -89,9 +140,7 @@ pub(super) fn select_file(
     endpoint: &str,
 ) -> Result<String, PullError> {
     let repo_s = repo.to_string();
-    let found = candidates(siblings);
-    let tagged = |tag: &str| found.iter().filter(|f| has_tag(f, tag)).map(|f| f.to_string()).collect::<Vec<_>>();
-    let chosen = match choice {
+    let tag = match choice {
         FileChoice::Path(path) => {
             if !siblings.contains(path) {
                 return Err(PullError::FileNotFound {
@@ -100,43 +149,22 @@ pub(super) fn select_file(
                     endpoint: endpoint.to_string(),
                 });
             }
-            path.clone()
+            check_remote_path(repo.as_str(), path)?;
+            check_model_file(path)?;
+            return Ok(path.clone());
         }
-        FileChoice::Quantization(tag) => match tagged(tag).as_slice() {
-            [one] => one.clone(),
-            [] => {
-                let available = found.iter().map(|f| f.to_string()).collect();
-                return Err(PullError::NoMatchingFile { repo: repo_s, requested: tag.clone(), available });
-            }
-            several => {
-                let candidates = several.to_vec();
-                return Err(PullError::Ambiguous { repo: repo_s, requested: Some(tag.clone()), candidates });
-            }
-        },
-        FileChoice::Preferred => {
-            let mut chosen = None;
-            for tag in PREFERRED_QUANTIZATIONS {
-                match tagged(tag).as_slice() {
-                    [] => continue,
-                    [one] => chosen = Some(one.clone()),
-                    several => {
-                        let (requested, candidates) = (Some(tag.to_string()), several.to_vec());
-                        return Err(PullError::Ambiguous { repo: repo_s, requested, candidates });
-                    }
-                }
-                break;
-            }
-            match (chosen, found.as_slice()) {
-                (Some(file), _) => file,
-                (None, [only]) => only.to_string(),
-                (None, []) => return Err(PullError::NoGguf { repo: repo_s }),
-                (None, several) => {
-                    let candidates = several.iter().map(|f| f.to_string()).collect();
-                    return Err(PullError::Ambiguous { repo: repo_s, requested: None, candidates });
-                }
-            }
-        }
+        FileChoice::Quantization(tag) => Some(tag.as_str()),
+        FileChoice::Preferred => None,
     };
+    let chosen = choose_gguf(siblings, tag).map_err(|error| match error {
+        GgufChoiceError::NoGguf => PullError::NoGguf { repo: repo_s.clone() },
+        GgufChoiceError::NoMatchingFile { requested, available } => {
+            PullError::NoMatchingFile { repo: repo_s.clone(), requested, available }
+        }
+        GgufChoiceError::Ambiguous { requested, candidates } => {
+            PullError::Ambiguous { repo: repo_s.clone(), requested, candidates }
+        }
+    })?;
     check_remote_path(repo.as_str(), &chosen)?;
     check_model_file(&chosen)?;
     Ok(chosen)

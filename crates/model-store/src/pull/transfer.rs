@@ -1,6 +1,6 @@
 //! Downloading one file: redirects, resuming with `Range`, size and sha256 checks, retries.
 
-use super::{partial_path, Hub, PullError, RemoteFile, ATTEMPTS, MAX_REDIRECTS};
+use super::{partial_path, Expected, Hub, PullError, RemoteFile, ATTEMPTS, MAX_REDIRECTS};
 use crate::name::ModelName;
 use reqwest::blocking::Response;
 use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, LOCATION, RANGE};
@@ -26,6 +26,15 @@ fn sha256_etag(value: &str) -> Option<String> {
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// One file to download: where from, and how to name it in messages.
+pub(super) struct Target<'a> {
+    pub url: Url,
+    /// The file's path in its repository (or its URL), for messages.
+    pub file: &'a str,
+    /// `Some` for a file of a hub repository: its statuses get the hub's messages.
+    pub repo: Option<&'a ModelName>,
 }
 
 /// A failed try at a transfer: worth retrying (the connection dropped) or not.
@@ -174,13 +183,29 @@ impl Hub {
         dest: &Path,
         progress: &mut dyn FnMut(u64, Option<u64>),
     ) -> Result<(), PullError> {
-        let partial_path = partial_path(dest);
-        let mut partial = Partial::open(&partial_path)?;
-        let url = self.file_url(&remote.repo, path);
-        let mut announced = Announced::default();
+        let target = Target { url: self.file_url(&remote.repo, path), file: path, repo: Some(&remote.repo) };
+        self.download_to(&target, &partial_path(dest), dest, &Expected::default(), progress)
+    }
+
+    /// Downloads `target` into `partial_path` (resuming what it holds), checks it against
+    /// `expected` and what the server announced, and renames it to `dest`. A download that
+    /// proves wrong is deleted.
+    pub(super) fn download_to(
+        &self,
+        target: &Target,
+        partial_path: &Path,
+        dest: &Path,
+        expected: &Expected,
+        progress: &mut dyn FnMut(u64, Option<u64>),
+    ) -> Result<(), PullError> {
+        let path = target.file;
+        let mut partial = Partial::open(partial_path)?;
+        // What the caller knows wins over what the server says.
+        let mut announced =
+            Announced { size: expected.size, sha256: expected.sha256.as_deref().map(str::to_ascii_lowercase) };
         let mut attempt = 1;
         let total = loop {
-            match self.transfer(remote, path, &url, &mut partial, &mut announced, progress) {
+            match self.transfer(target, &mut partial, &mut announced, progress) {
                 Ok(total) => break total,
                 Err(Failure::Retry(error)) if attempt < ATTEMPTS => {
                     let error = error_chain(&error);
@@ -198,7 +223,7 @@ impl Hub {
                     // What was received is kept for the next pull to resume; an empty file is not.
                     if partial.len == 0 {
                         drop(partial);
-                        let _ = fs::remove_file(&partial_path);
+                        let _ = fs::remove_file(partial_path);
                     }
                     return Err(error);
                 }
@@ -206,7 +231,7 @@ impl Hub {
         };
         let Partial { file, hasher, len, .. } = partial;
         let corrupt = |error: PullError| {
-            let _ = fs::remove_file(&partial_path);
+            let _ = fs::remove_file(partial_path);
             error
         };
         if let Some(expected) = [total, announced.size].into_iter().flatten().find(|&t| t != len) {
@@ -216,24 +241,26 @@ impl Hub {
         if let Some(expected) = announced.sha256.filter(|s| *s != actual) {
             return Err(corrupt(PullError::Sha256Mismatch { file: path.to_string(), expected, actual }));
         }
-        file.sync_all().map_err(PullError::io(&partial_path))?;
+        file.sync_all().map_err(PullError::io(partial_path))?;
         drop(file);
-        fs::rename(&partial_path, dest).map_err(PullError::io(dest))
+        fs::rename(partial_path, dest).map_err(PullError::io(dest))
     }
 
     /// One request: appends the body to `partial` from where it ends; returns the total size
     /// the server announced.
     fn transfer(
         &self,
-        remote: &RemoteFile,
-        path: &str,
-        url: &Url,
+        target: &Target,
         partial: &mut Partial,
         announced: &mut Announced,
         progress: &mut dyn FnMut(u64, Option<u64>),
     ) -> Result<Option<u64>, Failure> {
-        let mut response = self.get(url.clone(), partial.len, announced)?;
-        self.check_status(&response, &remote.repo, Some(path)).map_err(|error| match error {
+        let mut response = self.get(target.url.clone(), partial.len, announced)?;
+        let checked = match target.repo {
+            Some(repo) => self.check_status(&response, repo, Some(target.file)),
+            None => check_plain_status(&response),
+        };
+        checked.map_err(|error| match error {
             PullError::Http { status, .. } if status >= 500 => Failure::Retry(error),
             error => Failure::Fatal(error),
         })?;
@@ -281,6 +308,17 @@ impl Hub {
                 Ok(0) => break,
                 Ok(n) => {
                     partial.append(&buf[..n])?;
+                    // A server sending more than the file's known size is not sending that file:
+                    // stop before it fills the disk.
+                    if let Some(size) = announced.size.filter(|&s| partial.len > s) {
+                        let actual = partial.len;
+                        partial.restart()?;
+                        return Err(Failure::Fatal(PullError::SizeMismatch {
+                            file: target.file.to_string(),
+                            expected: size,
+                            actual,
+                        }));
+                    }
                     progress(partial.len, total);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -292,6 +330,22 @@ impl Hub {
             return Err(Failure::Retry(PullError::Transfer { url: url_s, source }));
         }
         Ok(total)
+    }
+}
+
+pub(super) fn sha256_file(path: &Path) -> io::Result<String> {
+    let mut hasher = Sha256::new();
+    io::copy(&mut File::open(path)?, &mut HashWriter(&mut hasher))?;
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+/// Statuses of a plain URL (not a hub repository's file).
+fn check_plain_status(response: &Response) -> Result<(), PullError> {
+    let status = response.status();
+    if status.is_success() || status == StatusCode::RANGE_NOT_SATISFIABLE {
+        Ok(())
+    } else {
+        Err(PullError::Http { url: response.url().to_string(), status: status.as_u16() })
     }
 }
 

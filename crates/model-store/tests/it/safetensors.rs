@@ -1,7 +1,7 @@
 //! Spec 003's safetensors directory rules, on temporary directories.
 
 use crate::support::small_model;
-use llmr_model_store::{Capability, Format, ModelStore, SafetensorsError, StoreError};
+use llmr_model_store::{Capability, Format, ModelDescriptor, ModelStore, SafetensorsError, StoreError};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -164,4 +164,20 @@ fn gguf_beside_safetensors_needs_a_tag() {
     let d = f.store.resolve("m:Q8_0").unwrap();
     assert_eq!((d.format, d.name.as_str()), (Format::Gguf, "m:Q8_0"));
     assert_eq!(names(&f.store.list().into_iter().map(|d| d.name).collect::<Vec<_>>()), ["m:Q8_0"]);
+}
+
+#[test]
+fn a_safetensors_model_described_from_a_list_of_files() {
+    let cfg = llama_config();
+    let f = fixture(&[("config.json", &cfg), ("tokenizer.json", b"{}"), ("model.safetensors", &[0u8; 100])]);
+    let files = ["config.json", "tokenizer.json", "model.safetensors"];
+    let d = ModelDescriptor::from_files("m".into(), &f.dir, "model.safetensors", &files).unwrap();
+    assert_eq!(
+        (d.format, d.primary_file.clone(), d.size_bytes),
+        (Format::Safetensors, f.dir.join("model.safetensors"), 100)
+    );
+    // A listing without the tokenizer breaks the rules, whatever the directory holds.
+    let without = ["config.json", "model.safetensors"];
+    let err = ModelDescriptor::from_files("m".into(), &f.dir, "model.safetensors", &without).unwrap_err();
+    assert!(err.to_string().contains("tokenizer.json is missing"), "{err}");
 }

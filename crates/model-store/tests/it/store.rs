@@ -2,7 +2,7 @@
 
 use crate::support::{link, minilm, small_model, smollm2, tiny_llama};
 use llmr_model_store::gguf::GgufErrorKind;
-use llmr_model_store::{Capability, ModelStore, NameProblem, StoreError};
+use llmr_model_store::{Capability, ModelDescriptor, ModelStore, NameProblem, StoreError};
 use std::path::Path;
 
 fn new_store() -> (tempfile::TempDir, ModelStore) {
@@ -145,4 +145,28 @@ fn names_cannot_escape_the_root() {
     }
     assert!(!Path::new("/etc/passwd.gguf").exists());
     assert_eq!(std::fs::read_dir(store.root()).unwrap().count(), 0, "nothing was written in the store");
+}
+
+#[test]
+fn a_model_described_from_a_list_of_files_ignores_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("q")).unwrap();
+    small_model("llama", 3, 8).write(&dir.join("q/m-Q4_1.gguf"));
+    small_model("llama", 7, 8).write(&dir.join("q/m-Q8_0.gguf"));
+    small_model("clip", 1, 8).write(&dir.join("q/mmproj-f16.gguf"));
+    // Only the listed files count: the other quantization beside it changes nothing.
+    let d = ModelDescriptor::from_files("m".into(), dir, "q/m-Q4_1.gguf", &["q/m-Q4_1.gguf"]).unwrap();
+    assert_eq!((d.name.as_str(), d.primary_file.clone(), d.mmproj.clone()), ("m", dir.join("q/m-Q4_1.gguf"), None));
+    assert_eq!(d.quantization.as_deref(), Some("Q4_1"));
+    let d =
+        ModelDescriptor::from_files("m".into(), dir, "q/m-Q4_1.gguf", &["q/m-Q4_1.gguf", "q/mmproj-f16.gguf"]).unwrap();
+    assert_eq!(d.mmproj, Some(dir.join("q/mmproj-f16.gguf")));
+    assert!(d.has(Capability::Vision));
+
+    let err = ModelDescriptor::from_files("m".into(), dir, "q/absent.gguf", &["q/absent.gguf"]).unwrap_err();
+    assert!(err.to_string().contains("absent.gguf"), "{err}");
+    std::fs::write(dir.join("notes.txt"), "x").unwrap();
+    let err = ModelDescriptor::from_files("m".into(), dir, "notes.txt", &["notes.txt"]).unwrap_err();
+    assert!(matches!(err, StoreError::NoModelFiles { .. }), "{err}");
 }

@@ -5,6 +5,7 @@ mod completions;
 mod embeddings;
 mod models;
 mod ops;
+pub use ops::health_report;
 mod sse;
 
 use crate::cache::GenerationCache;
@@ -25,7 +26,8 @@ use std::sync::Arc;
 pub struct AppState {
     pub models: Arc<ModelManager>,
     pub cache: Arc<GenerationCache>,
-    pub api_key: Option<String>,
+    /// Any of these opens `/v1`; empty: no authentication.
+    pub api_keys: Vec<String>,
     pub body_limit: usize,
     /// `system_fingerprint`: names this build, so clients can tell servers apart.
     pub fingerprint: String,
@@ -49,6 +51,11 @@ impl IntoResponse for HttpError {
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], e.to_json()).into_response();
         if let Some(secs) = e.retry_after {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the connection cannot serve another request:
+            // say so, or a client reusing it races the close (hyper's IncompleteMessage).
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
@@ -77,14 +84,16 @@ pub fn count_error(endpoint: &'static str, e: ApiError) -> HttpError {
 }
 
 async fn require_api_key(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
+    if !state.api_keys.is_empty() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+        let known =
+            |g: &str| state.api_keys.iter().fold(false, |ok, k| constant_time_eq(g.as_bytes(), k.as_bytes()) | ok);
+        if !given.is_some_and(known) {
             return count_error("auth", ApiError::unauthorized()).into_response();
         }
     }

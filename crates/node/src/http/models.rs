@@ -6,7 +6,9 @@ use axum::Json;
 use llmr_openai::{ApiError, ModelList, ModelObject};
 
 pub async fn list(State(state): State<SharedState>) -> Json<ModelList> {
-    Json(ModelList::new(state.models.entries().map(|e| ModelObject::new(e.desc.name.clone(), e.created)).collect()))
+    Json(ModelList::new(
+        state.models.entries().iter().map(|e| ModelObject::new(e.desc.name.clone(), e.created)).collect(),
+    ))
 }
 
 pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Result<Json<ModelObject>, HttpError> {

@@ -1,0 +1,85 @@
+//! Node registration (`POST /v0/nodes`) and heartbeats (`POST /v0/nodes/{id}/heartbeat`).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    pub hostname: String,
+    pub os: String,
+    pub cpu_cores: u32,
+    pub memory_total_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub name: String,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistration {
+    /// Stable across restarts (a restarted node takes its place back).
+    pub name: String,
+    /// Where the router reaches the node's OpenAI API: `http://host:port`.
+    pub url: String,
+    /// Bearer the router must send on proxied requests (the node makes one per start).
+    pub secret: String,
+    pub machine: MachineInfo,
+    pub gpus: Vec<GpuInfo>,
+    /// Runtimes of the node's loaded plugins (`LlamaCpp`, ...).
+    pub runtimes: Vec<String>,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistered {
+    pub node_id: String,
+    /// How often the router expects a heartbeat.
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelState {
+    /// Files present and verified, an engine can run it: routable.
+    Ready,
+    Downloading,
+    /// Download or verification failed (the message says why); retried later.
+    Failed,
+    /// No plugin on this node runs it: not an error, just not here.
+    Unsupported,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    pub name: String,
+    pub state: ModelState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Loaded in memory now (the router prefers such nodes).
+    #[serde(default)]
+    pub loaded: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    pub active_requests: u32,
+    pub queue_depth: u32,
+    pub memory_used_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub load: NodeLoad,
+    /// Every model the node knows: synced from manifests and local to the node.
+    pub models: Vec<ModelStatus>,
+    #[serde(default)]
+    pub gpus: Vec<GpuInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatAck {
+    /// Changes whenever a model is registered or deleted, so nodes re-sync only then.
+    pub models_version: u64,
+}

@@ -1,0 +1,4 @@
+//! The node's behaviour through its public API, with real plugins and HTTP on loopback.
+
+mod agent;
+mod support;

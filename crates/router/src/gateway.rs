@@ -1,0 +1,384 @@
+//! `/v1/*`: validate at the router, pick a node, proxy, retry.
+//!
+//! A request is validated with the same `openai` crate the nodes use, so empty prompts and
+//! out-of-range parameters are refused before any node sees them. Then up to 1 + 4 attempts
+//! (spec 003: 100 ms, doubling, capped at 30 s): a connection failure, or a 5xx or 429 answer,
+//! moves on to another ready node when there is one. Nothing is retried once bytes reached the
+//! client: a non-streamed answer is read whole from the node before it is passed on (so a node
+//! dying mid-answer is retried elsewhere), a stream is passed through chunk by chunk, and a
+//! stream cut by its node ends with an SSE error event.
+
+use crate::balance::{self, affinity_key};
+use crate::metrics as m;
+use crate::nodes::{InFlight, LiveNode};
+use crate::server::{HttpError, RouterState};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ModelObject};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Spec 003's retry schedule.
+pub const MAX_RETRIES: u32 = 4;
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+    Embeddings,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+        }
+    }
+}
+
+/// What the router needs from a request body.
+struct Routed {
+    model: String,
+    stream: bool,
+    affinity: Option<u64>,
+}
+
+fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
+    match endpoint {
+        Endpoint::Chat => {
+            let r = llmr_openai::parse_body::<ChatCompletionRequest>(body)?.validate()?;
+            let leading = serde_json::to_string(&r.messages).unwrap_or_default();
+            Ok(Routed { affinity: Some(affinity_key(&r.model, &leading)), model: r.model, stream: r.stream })
+        }
+        Endpoint::Completions => {
+            let r = llmr_openai::parse_body::<CompletionRequest>(body)?.validate()?;
+            Ok(Routed { affinity: Some(affinity_key(&r.model, &r.prompt)), model: r.model, stream: r.stream })
+        }
+        Endpoint::Embeddings => {
+            let r = llmr_openai::parse_body::<EmbeddingRequest>(body)?.validate()?;
+            Ok(Routed { model: r.model, stream: false, affinity: None })
+        }
+    }
+}
+
+pub async fn chat(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, Endpoint::Chat, body).await
+}
+
+pub async fn completions(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, Endpoint::Completions, body).await
+}
+
+pub async fn embeddings(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, Endpoint::Embeddings, body).await
+}
+
+/// Models a client can ask for: registered ones and those some node serves from its own store.
+pub async fn list_models(State(state): State<Arc<RouterState>>) -> Response {
+    Json(ModelList::new(state.model_objects())).into_response()
+}
+
+pub async fn get_model(State(state): State<Arc<RouterState>>, Path(id): Path<String>) -> Response {
+    match state.model_objects().into_iter().find(|m| m.id == id) {
+        Some(m) => Json(m).into_response(),
+        None => HttpError(ApiError::model_not_found(&id)).into_response(),
+    }
+}
+
+impl RouterState {
+    fn model_objects(&self) -> Vec<ModelObject> {
+        let mut out: Vec<ModelObject> =
+            self.registered().iter().map(|m| ModelObject::new(m.name.clone(), m.registered_at)).collect();
+        for name in self.nodes.reported_models() {
+            if !out.iter().any(|m| m.id == name) {
+                out.push(ModelObject::new(name, self.started_unix));
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    fn is_known_model(&self, name: &str) -> bool {
+        self.registered().iter().any(|m| m.name == name) || self.nodes.reported_models().iter().any(|m| m == name)
+    }
+}
+
+fn rejection_error(rejection: BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large(limit)
+    } else {
+        ApiError::bad_request(format!("could not read the request body: {rejection}"))
+    }
+}
+
+async fn proxy(
+    State(state): State<Arc<RouterState>>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let routed =
+        body.map_err(|r| rejection_error(r, state.config.body_limit)).and_then(|b| Ok((inspect(endpoint, &b)?, b)));
+    let (routed, body) = match routed {
+        Ok(ok) => ok,
+        Err(e) => return refuse(endpoint, e),
+    };
+    if !state.is_known_model(&routed.model) {
+        return refuse(endpoint, ApiError::model_not_found(&routed.model));
+    }
+    let mut tried: Vec<String> = Vec::new();
+    // The last failure: a node's own reply when there was one, else our description of it.
+    let mut last: Option<Result<Response, ApiError>> = None;
+    // Waits follow failures; a busy node (429) sends us to the next one at once.
+    let mut failures = 0;
+    for attempt in 0..=MAX_RETRIES {
+        if attempt > 0 && failures > 0 {
+            tokio::time::sleep(backoff(failures)).await;
+        }
+        let candidates = state.nodes.ready_for(&routed.model);
+        let Some(node) = balance::choose(&candidates, &routed.model, routed.affinity, &tried) else {
+            break;
+        };
+        tried.push(node.id.clone());
+        let in_flight = node.begin();
+        match forward(&state, &node, endpoint, &body, routed.stream, in_flight).await {
+            Attempt::Done(resp) => {
+                record(endpoint, &routed.model, &node.name, resp.status().as_u16(), started);
+                return resp;
+            }
+            Attempt::Busy(reply) => {
+                if state.nodes.ready_for(&routed.model).iter().all(|n| tried.contains(&n.id)) {
+                    record(endpoint, &routed.model, &node.name, reply.status().as_u16(), started);
+                    return reply;
+                }
+                metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => "status_429").increment(1);
+                last = Some(Ok(reply));
+            }
+            Attempt::Retry { error, reason, reply } => {
+                tracing::warn!(node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
+                metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => reason).increment(1);
+                failures += 1;
+                last = Some(reply.ok_or(error));
+            }
+        }
+    }
+    let resp = match last {
+        Some(Ok(reply)) => reply,
+        Some(Err(e)) => HttpError(e).into_response(),
+        None => HttpError(
+            ApiError::unavailable(format!(
+                "model `{}` is registered but no healthy node has it ready yet; retry shortly",
+                routed.model
+            ))
+            .with_code("model_not_ready"),
+        )
+        .into_response(),
+    };
+    record(endpoint, &routed.model, "none", resp.status().as_u16(), started);
+    resp
+}
+
+fn backoff(attempt: u32) -> Duration {
+    (FIRST_BACKOFF * 2u32.saturating_pow(attempt.saturating_sub(1))).min(MAX_BACKOFF)
+}
+
+fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
+    metrics::counter!(m::REJECTED, "endpoint" => endpoint.label(), "status" => e.status.to_string()).increment(1);
+    let too_large = e.status == 413;
+    let mut resp = HttpError(e).into_response();
+    if too_large {
+        // The rest of the body was never read: the connection cannot carry another request.
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+fn record(endpoint: Endpoint, model: &str, node: &str, status: u16, started: Instant) {
+    metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "model" => model.to_string(), "node" => node.to_string(), "status" => status.to_string())
+        .increment(1);
+    metrics::histogram!(m::HEADERS_LATENCY, "model" => model.to_string(), "node" => node.to_string())
+        .record(started.elapsed().as_secs_f64());
+}
+
+enum Attempt {
+    Done(Response),
+    /// 429: worth trying another node at once, never the same one again.
+    Busy(Response),
+    /// `reply`: the node's own answer, when it sent one.
+    Retry {
+        error: ApiError,
+        reason: &'static str,
+        reply: Option<Response>,
+    },
+}
+
+async fn forward(
+    state: &RouterState,
+    node: &Arc<LiveNode>,
+    endpoint: Endpoint,
+    body: &Bytes,
+    stream: bool,
+    in_flight: InFlight,
+) -> Attempt {
+    let sent = state
+        .http
+        .post(format!("{}{}", node.url, endpoint.path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .bearer_auth(&node.secret)
+        .body(body.clone())
+        .send()
+        .await;
+    let upstream = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            node.mark_failed();
+            return Attempt::Retry {
+                error: ApiError::with_status(
+                    502,
+                    format!("node '{}' could not be reached: {}", node.name, error_chain(&e)),
+                ),
+                reason: "connect",
+                reply: None,
+            };
+        }
+    };
+    let status = upstream.status();
+    // 501 (the engine cannot do this) would fail the same way anywhere.
+    if (status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED) || status == StatusCode::TOO_MANY_REQUESTS {
+        let headers = pass_headers(upstream.headers());
+        let body = upstream.bytes().await.unwrap_or_default();
+        let error = node_error(status, &body);
+        // Passed on as the node sent it when no other attempt does better.
+        let reply = with_headers(Response::new(Body::from(body)), status, headers, node);
+        if status.is_server_error() {
+            return Attempt::Retry { error, reason: "status_5xx", reply: Some(reply) };
+        }
+        return Attempt::Busy(reply);
+    }
+    let headers = pass_headers(upstream.headers());
+    let is_sse = headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if stream && is_sse && status.is_success() {
+        let name = node.name.clone();
+        let mut guard = Some(in_flight);
+        // Chunks pass through as they come; an error ends the stream with one SSE error event.
+        let body = upstream.bytes_stream().scan(false, move |cut, chunk| {
+            let item = match chunk {
+                _ if *cut => None,
+                Ok(bytes) => Some(Ok::<Bytes, std::convert::Infallible>(bytes)),
+                Err(e) => {
+                    *cut = true;
+                    guard.take();
+                    metrics::counter!(m::STREAMS_CUT, "node" => name.clone()).increment(1);
+                    let e = ApiError::with_status(502, format!("node '{name}' failed mid-stream: {}", error_chain(&e)));
+                    Some(Ok(Bytes::from(llmr_openai::sse::error_event(&e))))
+                }
+            };
+            std::future::ready(item)
+        });
+        return Attempt::Done(with_headers(Response::new(Body::from_stream(body)), status, headers, node));
+    }
+    match upstream.bytes().await {
+        Ok(bytes) => {
+            drop(in_flight);
+            Attempt::Done(with_headers(Response::new(Body::from(bytes)), status, headers, node))
+        }
+        Err(e) => {
+            node.mark_failed();
+            Attempt::Retry {
+                error: ApiError::with_status(
+                    502,
+                    format!("node '{}' failed mid-answer: {}", node.name, error_chain(&e)),
+                ),
+                reason: "body",
+                reply: None,
+            }
+        }
+    }
+}
+
+/// The node's own OpenAI error when it sent one, else a generic one with its status.
+fn node_error(status: StatusCode, body: &[u8]) -> ApiError {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v["error"]["message"].as_str())
+        .map(String::from)
+        .unwrap_or_else(|| format!("node answered HTTP {status}"));
+    ApiError::with_status(status.as_u16(), message)
+}
+
+fn pass_headers(from: &reqwest::header::HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL, header::RETRY_AFTER] {
+        if let Some(v) = from.get(name.as_str()).and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
+            out.insert(name, v);
+        }
+    }
+    out
+}
+
+/// Names the node that answered (operators and tests want to know; it reveals no address).
+pub const NODE_HEADER: &str = "x-llmr-node";
+
+fn with_headers(mut resp: Response, status: StatusCode, mut headers: HeaderMap, node: &LiveNode) -> Response {
+    *resp.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(&node.name) {
+        headers.insert(NODE_HEADER, v);
+    }
+    resp.headers_mut().extend(headers);
+    resp
+}
+
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_spec_003() {
+        let waits: Vec<u128> = (1..=MAX_RETRIES).map(|a| backoff(a).as_millis()).collect();
+        assert_eq!(waits, vec![100, 200, 400, 800]);
+        assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_field_named() {
+        let e =
+            inspect(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":7}"#)
+                .err()
+                .unwrap();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("temperature")));
+        let e = inspect(Endpoint::Completions, br#"{"model":"m","prompt":""}"#).err().unwrap();
+        assert_eq!(e.status, 400);
+        let r = inspect(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#)
+            .unwrap();
+        assert!(r.stream && r.model == "m" && r.affinity.is_some());
+    }
+}

@@ -1,0 +1,21 @@
+//! The llmr router: one OpenAI endpoint in front of many nodes.
+//!
+//! - [`db`]: SQLite state (registered models with their files, nodes, hashed API keys).
+//! - [`registration`]: turns `POST /v0/models` into a manifest from the hub's listing and headers.
+//! - [`nodes`]: live node table (heartbeats, readiness, in-flight counts); [`balance`] picks one.
+//! - [`gateway`]: `/v1/*` validation, proxying, retries; [`admin`]: `/v0/*`.
+//! - [`keys`] and [`auth`]: API keys with scopes; [`metrics`]: Prometheus.
+
+pub mod admin;
+pub mod auth;
+pub mod balance;
+pub mod db;
+pub mod gateway;
+pub mod keys;
+pub mod metrics;
+pub mod nodes;
+pub mod registration;
+pub mod server;
+
+pub use keys::{KeyRing, Scope};
+pub use server::{EmbeddedNode, Router, RouterConfig, RouterState};
