@@ -357,7 +357,6 @@ async def w_long(cl, corpus, sz):
     the long request has its first token.
     """
     results = []
-    t0 = time.perf_counter()
 
     async def short(j):
         i = 0
@@ -369,7 +368,17 @@ async def w_long(cl, corpus, sz):
 
     shorts = [asyncio.ensure_future(short(j)) for j in range(sz.long_clients)]
     try:
-        await asyncio.sleep(sz.long_lead + sz.long_baseline)
+        # The short streams' own prefill: `long_lead` on a quiet machine; on a busy one (or with a
+        # debug build) wait until each stream decodes, within a bound.
+        await asyncio.sleep(sz.long_lead)
+        deadline = time.perf_counter() + 60
+        while sum(1 for r in results if len(r.times) >= 2) < sz.long_clients and time.perf_counter() < deadline:
+            for t in shorts:
+                if t.done():
+                    t.result()
+            await asyncio.sleep(0.05)
+        w0 = time.perf_counter()
+        await asyncio.sleep(sz.long_baseline)
         for t in shorts:
             if t.done():
                 t.result()                  # raises the short stream's failure
@@ -384,7 +393,6 @@ async def w_long(cl, corpus, sz):
             raise d if isinstance(d, BaseException) else HarnessError(f"short stream ended: {d}")
     await asyncio.sleep(0.5)                # let the servers free the dropped slots
     a, b = lr.sent, lr.times[0]             # the long prompt is being prefilled in [a, b]
-    w0 = t0 + sz.long_lead
     pairs = [(t1, t2) for r in results for t1, t2 in zip(r.times, r.times[1:])]
     alone = [t2 - t1 for t1, t2 in pairs if t1 >= w0 and t2 <= a]
     during = [t2 - t1 for t1, t2 in pairs if t2 > a and t1 < b]
@@ -723,6 +731,8 @@ def main():
     ap.add_argument("--wait-quiet", type=float, default=None,
                     help="seconds to wait for load average < 1.0 before measuring (default 600, smoke 0)")
     ap.add_argument("--no-build", action="store_true", help="skip cargo build / install-engines / fetch-models")
+    ap.add_argument("--llmr-bin", default=None,
+                    help="the llmr binary (default: the release build, built first); scripts/test passes its debug build")
     ap.add_argument("--servers", default="llama-server,llmr", help="for development: run only some servers")
     ap.add_argument("--retries", type=int, default=None,
                     help="measure a server again when other processes used >= 0.25 cores meanwhile "
@@ -747,11 +757,13 @@ def main():
         die(f"--slots {a.slots} is below the highest concurrency {max(sz.levels)}")
 
     started = time.perf_counter()
-    if not a.no_build:
+    if not a.no_build and not a.llmr_bin:
         log("building llmr (release) and installing the engine plugins")
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "llmr", "-p", "llmr-llama-cpp"], check=True,
                        cwd=REPO)
         subprocess.run([REPO / "scripts/install-engines"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        fetched = sh([str(REPO / "scripts/fetch-models"), *names, "shakespeare"])
+    elif not a.no_build:
         fetched = sh([str(REPO / "scripts/fetch-models"), *names, "shakespeare"])
     else:
         fetched = ""
@@ -761,7 +773,7 @@ def main():
     log("building (or finding) the reference llama-server")
     ref = dict(l.split("=", 1) for l in sh([str(REPO / "bench/reference/build.sh")]).splitlines() if "=" in l)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    exes = {"llama-server": ref["llama-server"], "llmr": str(target / "release/llmr")}
+    exes = {"llama-server": ref["llama-server"], "llmr": a.llmr_bin or str(target / "release/llmr")}
     for k, v in exes.items():
         if not Path(v).is_file():
             die(f"{k} binary not found at {v}")

@@ -249,12 +249,17 @@ async fn forward(
         Ok(r) => r,
         Err(e) => {
             node.mark_failed();
+            // Not connecting, or connected and then no answer (the node died while working on it:
+            // non-streamed answers send their headers only when finished). Either way no byte
+            // reached the client.
+            let (what, reason) = if e.is_connect() {
+                ("could not be reached", "connect")
+            } else {
+                ("failed before answering", "no_answer")
+            };
             return Attempt::Retry {
-                error: ApiError::with_status(
-                    502,
-                    format!("node '{}' could not be reached: {}", node.name, error_chain(&e)),
-                ),
-                reason: "connect",
+                error: ApiError::with_status(502, format!("node '{}' {what}: {}", node.name, error_chain(&e))),
+                reason,
                 reply: None,
             };
         }
