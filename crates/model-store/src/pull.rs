@@ -16,7 +16,7 @@ mod transfer;
 
 use self::select::{base_name, select_file};
 pub use self::select::{choose_gguf, GgufChoiceError};
-use self::transfer::error_chain;
+pub use self::transfer::error_chain;
 use crate::descriptor::ModelDescriptor;
 use crate::error::StoreError;
 use crate::name::{ModelName, NameError};

@@ -19,6 +19,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
+use llmr_model_store::pull::error_chain;
 use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ModelObject};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -349,17 +350,6 @@ fn with_headers(mut resp: Response, status: StatusCode, mut headers: HeaderMap, 
     }
     resp.headers_mut().extend(headers);
     resp
-}
-
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -350,7 +350,7 @@ fn check_plain_status(response: &Response) -> Result<(), PullError> {
 }
 
 /// An error and its sources, `: `-separated, for logs.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {

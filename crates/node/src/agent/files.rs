@@ -14,6 +14,7 @@
 use llmr_cluster::{
     check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, PathProblem,
 };
+pub(super) use llmr_model_store::pull::error_chain;
 use llmr_model_store::pull::{sha256_file, Expected, Hub, PullError, Url, DEFAULT_ENDPOINT};
 use llmr_model_store::{Format, ModelDescriptor, StoreError};
 use serde::{Deserialize, Serialize};
@@ -290,17 +291,6 @@ fn matches_digest(path: &Path, f: &ManifestFile) -> Result<bool, FetchError> {
     }
     let actual = sha256_file(path).map_err(io(path))?;
     Ok(actual.eq_ignore_ascii_case(&f.sha256))
-}
-
-/// An error and its sources, `: `-separated: the message a heartbeat reports.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text = format!("{text}: {e}");
-        source = e.source();
-    }
-    text
 }
 
 #[cfg(test)]

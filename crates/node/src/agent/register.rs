@@ -6,6 +6,7 @@
 
 use super::{AgentError, Backoff};
 use llmr_cluster::{Heartbeat, HeartbeatAck, ModelManifest, NodeRegistered, NodeRegistration};
+use llmr_model_store::pull::error_chain;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use std::time::Duration;
@@ -144,17 +145,6 @@ fn error_message(body: &str) -> String {
         None if text.is_empty() => "(no message)".into(),
         None => text,
     }
-}
-
-/// An error and its sources, `: `-separated.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text = format!("{text}: {e}");
-        source = e.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! streams (nothing kept) and byte ranges.
 
 use super::{sha256_hex, RegisterError};
+use llmr_model_store::pull::error_chain;
 use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, RANGE};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 use sha2::{Digest, Sha256};
@@ -78,16 +79,6 @@ pub(super) fn redacted(url: &Url) -> String {
     let _ = url.set_password(None);
     url.set_query(None);
     url.to_string()
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text = format!("{text}: {e}");
-        source = e.source();
-    }
-    text
 }
 
 fn broken(url: &Url, e: reqwest::Error) -> RegisterError {
