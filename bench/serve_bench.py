@@ -558,19 +558,23 @@ async def run_server(kind, a, exe, model_path, alias, corpus, sz, logdir):
             hz = os.sysconf("SC_CLK_TCK")
             t0, busy0, srv0, me0 = time.perf_counter(), cpu_jiffies(), cpu_jiffies(srv.proc.pid), sum(os.times()[:2])
             for name, fn in WORKLOADS:
+                if name not in a.workloads.split(","):
+                    continue
                 w0 = time.perf_counter()
                 limit = min(a.workload_timeout, a.deadline - time.time())
                 if limit <= 0:
                     raise HarnessError(f"the run is past its bound of {a.max_minutes} min (--max-minutes)")
                 try:
-                    figures.update(await asyncio.wait_for(fn(cl, corpus, sz), limit))
+                    got = await asyncio.wait_for(fn(cl, corpus, sz), limit)
+                    figures.update(got)
                 except asyncio.TimeoutError:
                     raise HarnessError(f"workload {name} ran past {limit:.0f} s (a loaded machine?)")
                 except HarnessError as e:
                     srv.check_alive()
                     raise HarnessError(f"workload {name}: {e}") from e
                 srv.check_alive()
-                log(f"{alias}/{kind}: {name} done in {time.perf_counter() - w0:.1f} s")
+                log(f"{alias}/{kind}: {name} done in {time.perf_counter() - w0:.1f} s: "
+                    + ", ".join(f"{k.split('.', 1)[-1]} {fmt(v)}" for k, v in got.items() if isinstance(v, (int, float))))
             wall = time.perf_counter() - t0
             # CPU used by processes other than this server and this client while measuring, in cores:
             # a shared machine makes the numbers noise, and this says how much.
@@ -734,6 +738,8 @@ def main():
     ap.add_argument("--llmr-bin", default=None,
                     help="the llmr binary (default: the release build, built first); scripts/test passes its debug build")
     ap.add_argument("--servers", default="llama-server,llmr", help="for development: run only some servers")
+    ap.add_argument("--workloads", default=",".join(n for n, _ in WORKLOADS),
+                    help="for development: run only some workloads (their figures are logged)")
     ap.add_argument("--retries", type=int, default=None,
                     help="measure a server again when other processes used >= 0.25 cores meanwhile "
                     "(default 2, smoke 0)")

@@ -8,6 +8,7 @@
 mod backend;
 mod embed;
 mod model;
+mod pacing;
 mod sampling;
 mod scheduler;
 mod settings;
@@ -35,6 +36,10 @@ const DEFAULT_SLOTS: u32 = 4;
 /// model would otherwise reserve gigabytes of KV cache per slot that nobody asked for.
 const DEFAULT_CTX_CAP: u32 = 8192;
 const DEFAULT_PREFILL_CHUNK: u32 = 256;
+/// A step that reads prompt tokens takes at most about this many times a generating-only step
+/// (`pacing.rs`). Measured on 2 cores (bench/RESULTS.md): streams slowed ~4x instead of ~44x
+/// while a 2,000-token prompt was read, and that prompt's first token came 2x later.
+const DEFAULT_PREFILL_STALL: f64 = 4.0;
 
 /// Monotonic nanoseconds since the plugin first needed a clock.
 pub(crate) fn clock_ns() -> u64 {
@@ -111,7 +116,7 @@ struct LoadedModel {
 struct LoadDefaults {
     kv_type: Option<KvType>,
     threads: Option<u32>,
-    prefill_chunk: u32,
+    step: StepSettings,
 }
 
 pub struct LlamaCppEngine {
@@ -259,9 +264,17 @@ impl Engine for LlamaCppEngine {
             .get("prefill_chunk")
             .and_then(|v| v.as_u64())
             .map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1, 65536) as u32);
+        let stall = match config.params.get("prefill_stall") {
+            Some(v) => settings::parse_stall(v)?,
+            None => DEFAULT_PREFILL_STALL,
+        };
         Ok(LlamaCppEngine {
             config,
-            defaults: Mutex::new(LoadDefaults { kv_type: None, threads: None, prefill_chunk: chunk }),
+            defaults: Mutex::new(LoadDefaults {
+                kv_type: None,
+                threads: None,
+                step: StepSettings { prefill_chunk: chunk, prefill_stall: stall },
+            }),
             models: RwLock::default(),
             running: Mutex::default(),
         })
@@ -288,7 +301,7 @@ impl Engine for LlamaCppEngine {
             None
         } else {
             let (m, st, logger) = (model.clone(), stats.clone(), self.config.logger);
-            let step = StepSettings { prefill_chunk: defaults.prefill_chunk };
+            let step = defaults.step;
             Some(spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
                 scheduler::run(&m, settings, step, rx, st, logger, ready)
             })?)
@@ -456,7 +469,8 @@ impl Engine for LlamaCppEngine {
                 match change {
                     Change::KvType(t) => d.kv_type = Some(t),
                     Change::Threads(n) => d.threads = Some(n),
-                    Change::PrefillChunk(n) => d.prefill_chunk = n,
+                    Change::PrefillChunk(n) => d.step.prefill_chunk = n,
+                    Change::PrefillStall(s) => d.step.prefill_stall = s,
                 }
                 self.models.read().unwrap().values().cloned().collect()
             }
@@ -467,7 +481,7 @@ impl Engine for LlamaCppEngine {
                 match change {
                     Change::KvType(t) => s.kv_type = t,
                     Change::Threads(n) => s.threads = n,
-                    Change::PrefillChunk(_) => {}
+                    Change::PrefillChunk(_) | Change::PrefillStall(_) => {}
                 }
             }
             if let Some(w) = m.scheduler.lock().unwrap().as_ref() {

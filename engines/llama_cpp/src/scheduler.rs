@@ -1,11 +1,13 @@
 //! Continuous batching: one thread per model owns the llama.cpp context and its slots.
 //!
 //! Every step builds one batch from (a) the last sampled token of every generating sequence and
-//! (b) at most `prefill_chunk` prompt tokens of sequences still reading their prompt, decodes it
-//! once, and samples for every sequence that produced logits. New requests join between steps.
+//! (b) prompt tokens of sequences still reading their prompt (at most `prefill_chunk`, fewer while
+//! others generate: `pacing.rs`), decodes it once, and samples for every sequence that produced
+//! logits. New requests join between steps.
 //! The KV cache is unified: a new request starts from the longest token prefix any slot holds,
 //! copied by reference (`seq_cp`), so shared system prompts are processed once.
 
+use crate::pacing::Pacer;
 use crate::sampling::{logprobs, SamplingParams, TokenSampler};
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
@@ -117,6 +119,7 @@ pub struct Scheduler<'m> {
     stats: Arc<Stats>,
     logger: Logger,
     steps: u64,
+    pacer: Pacer,
 }
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
@@ -190,6 +193,7 @@ pub fn run(
         stats,
         logger,
         steps: 0,
+        pacer: Pacer::default(),
     };
     s.reset_slots();
     s.run_loop(commands);
@@ -250,6 +254,10 @@ impl<'m> Scheduler<'m> {
                 self.queue.push_back(job);
                 true
             }
+            Command::Change(Change::PrefillStall(s)) => {
+                self.step.prefill_stall = s;
+                true
+            }
             Command::Change(Change::PrefillChunk(n)) => {
                 self.step.prefill_chunk = n;
                 self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
@@ -282,7 +290,7 @@ impl<'m> Scheduler<'m> {
             match c {
                 Change::KvType(t) => next.kv_type = t,
                 Change::Threads(n) => next.threads = n,
-                Change::PrefillChunk(_) => {}
+                Change::PrefillChunk(_) | Change::PrefillStall(_) => {}
             }
         }
         if next == self.settings {
@@ -397,7 +405,8 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    fn build_batch(&mut self) {
+    /// Fills the batch; returns (generated tokens, prompt tokens) in it.
+    fn build_batch(&mut self) -> (usize, usize) {
         self.batch.clear();
         let mut n = 0i32;
         for slot in self.slots.iter_mut() {
@@ -410,8 +419,12 @@ impl<'m> Scheduler<'m> {
                 n += 1;
             }
         }
-        // Prompt chunks, oldest request first.
-        let mut budget = self.step.prefill_chunk as usize;
+        // Prompt chunks, oldest request first. A prompt that takes more than one chunk to read is
+        // paced while others generate (`pacing.rs`); a shorter one joins whole, as before.
+        let decoding = n as usize;
+        let chunk = self.step.prefill_chunk as usize;
+        let mut budget = chunk;
+        let mut paced = self.pacer.budget(decoding, chunk, self.step.prefill_stall);
         let mut order: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].active.as_ref().is_some_and(|a| a.next_prompt < a.job.tokens.len()))
             .collect();
@@ -422,7 +435,12 @@ impl<'m> Scheduler<'m> {
             }
             let slot = &mut self.slots[i];
             let a = slot.active.as_mut().expect("filtered above");
-            let end = (a.next_prompt + budget).min(a.job.tokens.len());
+            let long = a.job.tokens.len() - a.cached_prompt > chunk;
+            let allowed = if long { budget.min(paced) } else { budget };
+            if allowed == 0 {
+                continue;
+            }
+            let end = (a.next_prompt + allowed).min(a.job.tokens.len());
             for p in a.next_prompt..end {
                 let last = p + 1 == a.job.tokens.len();
                 self.batch
@@ -435,8 +453,12 @@ impl<'m> Scheduler<'m> {
                 n += 1;
             }
             budget -= end - a.next_prompt;
+            if long {
+                paced -= end - a.next_prompt;
+            }
             a.next_prompt = end;
         }
+        (decoding, n as usize - decoding)
     }
 
     fn step_once(&mut self) {
@@ -449,12 +471,13 @@ impl<'m> Scheduler<'m> {
                 pending: s.active.as_ref().and_then(|a| a.pending),
             })
             .collect();
-        self.build_batch();
+        let (decoding, prompt) = self.build_batch();
         if self.batch.n_tokens() == 0 {
             return;
         }
+        let started = Instant::now();
         match self.ctx.decode(&mut self.batch) {
-            Ok(()) => {}
+            Ok(()) => self.pacer.record(decoding, prompt, started.elapsed().as_nanos() as u64),
             Err(DecodeError::NoKvCacheSlot) => {
                 self.rollback(&before);
                 self.make_room();

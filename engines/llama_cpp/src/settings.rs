@@ -20,6 +20,9 @@ pub struct StepSettings {
     /// Most prompt tokens processed in one decode step, so a long prompt never stalls the
     /// sequences that are generating for more than one chunk.
     pub prefill_chunk: u32,
+    /// While sequences are generating, a step that also reads prompt tokens may take this many
+    /// times a generating-only step (`pacing.rs`); infinite: whole chunks.
+    pub prefill_stall: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +69,7 @@ pub enum Change {
     KvType(KvType),
     Threads(u32),
     PrefillChunk(u32),
+    PrefillStall(f64),
 }
 
 fn unsupported(msg: String) -> EngineError {
@@ -86,6 +90,37 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
         "prefill_chunk" => positive(65536)
             .map(Change::PrefillChunk)
             .ok_or_else(|| unsupported(format!("`prefill_chunk` takes an integer from 1 to 65536, got {value}"))),
-        _ => Err(unsupported(format!("unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk)"))),
+        "prefill_stall" => parse_stall(value).map(Change::PrefillStall),
+        _ => Err(unsupported(format!(
+            "unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk, prefill_stall)"
+        ))),
+    }
+}
+
+/// `prefill_stall`: a number from 1 (prompts wait for idle steps but for a few tokens) up;
+/// `"off"` reads whole `prefill_chunk`s whatever runs.
+pub fn parse_stall(value: &serde_json::Value) -> Result<f64, EngineError> {
+    if value.as_str() == Some("off") {
+        return Ok(f64::INFINITY);
+    }
+    value
+        .as_f64()
+        .filter(|v| (1.0..=1e6).contains(v))
+        .ok_or_else(|| unsupported(format!("`prefill_stall` takes a number from 1 to 1000000 or \"off\", got {value}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prefill_stall_takes_a_ratio_or_off() {
+        assert_eq!(parse_change("prefill_stall", &json!(2.5)).unwrap(), Change::PrefillStall(2.5));
+        assert_eq!(parse_change("prefill_stall", &json!("off")).unwrap(), Change::PrefillStall(f64::INFINITY));
+        for bad in [json!(0.5), json!("fast"), json!(null)] {
+            let e = parse_change("prefill_stall", &bad).unwrap_err();
+            assert!(e.message.contains("prefill_stall"), "{}", e.message);
+        }
     }
 }
