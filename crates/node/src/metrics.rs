@@ -17,6 +17,7 @@ pub const QUEUE_DEPTH: &str = "llmr_queue_depth";
 pub const SLOTS_BUSY: &str = "llmr_slots_busy";
 pub const MODELS_LOADED: &str = "llmr_models_loaded";
 pub const KV_USAGE: &str = "llmr_kv_cache_usage_ratio";
+pub const PREFIX_CACHE_BYTES: &str = "llmr_prefix_cache_bytes";
 pub const MODEL_LOADS: &str = "llmr_model_loads_total";
 
 /// Installs the process-wide recorder (shared with an embedded router) and describes the node's metrics.
@@ -41,6 +42,11 @@ fn describe() {
     metrics::describe_gauge!(SLOTS_BUSY, "Slots running a request, by model");
     metrics::describe_gauge!(MODELS_LOADED, "Models loaded in memory");
     metrics::describe_gauge!(KV_USAGE, "Fraction of KV-cache cells in use, by model");
+    metrics::describe_gauge!(
+        PREFIX_CACHE_BYTES,
+        metrics::Unit::Bytes,
+        "Host memory holding saved prompt prefixes (idle KV caches), by model"
+    );
     metrics::describe_counter!(MODEL_LOADS, "Model loads, by model");
 }
 
@@ -64,13 +70,20 @@ pub fn refresh(models: &ModelManager) {
                 if let Some(v) = m.engine.metrics() {
                     let used = v["kv_cells_used"].as_f64().unwrap_or(0.0);
                     let total = v["kv_cells_total"].as_f64().unwrap_or(0.0);
-                    metrics::gauge!(KV_USAGE, "model" => name).set(if total > 0.0 { used / total } else { 0.0 });
+                    metrics::gauge!(KV_USAGE, "model" => name.clone()).set(if total > 0.0 {
+                        used / total
+                    } else {
+                        0.0
+                    });
+                    let saved = v["prefix_cache_bytes"].as_f64().unwrap_or(0.0);
+                    metrics::gauge!(PREFIX_CACHE_BYTES, "model" => name).set(saved);
                 }
             }
             None => {
                 metrics::gauge!(QUEUE_DEPTH, "model" => name.clone()).set(0.0);
                 metrics::gauge!(SLOTS_BUSY, "model" => name.clone()).set(0.0);
-                metrics::gauge!(KV_USAGE, "model" => name).set(0.0);
+                metrics::gauge!(KV_USAGE, "model" => name.clone()).set(0.0);
+                metrics::gauge!(PREFIX_CACHE_BYTES, "model" => name).set(0.0);
             }
         }
     }

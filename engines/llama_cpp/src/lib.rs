@@ -9,6 +9,7 @@ mod backend;
 mod embed;
 mod model;
 mod pacing;
+mod prefix_store;
 mod sampling;
 mod scheduler;
 mod settings;
@@ -40,6 +41,9 @@ const DEFAULT_PREFILL_CHUNK: u32 = 256;
 /// (`pacing.rs`). Measured on 2 cores (bench/RESULTS.md): streams slowed ~4x instead of ~44x
 /// while a 2,000-token prompt was read, and that prompt's first token came 2x later.
 const DEFAULT_PREFILL_STALL: f64 = 4.0;
+/// Host memory per model for saved prefixes (`prefix_store.rs`): hundreds of prompts of a small
+/// model, a handful of 1,000-token ones of an 8B (about 128 KiB a token with f16 keys and values).
+const DEFAULT_PREFIX_CACHE_MIB: u32 = 512;
 
 /// Monotonic nanoseconds since the plugin first needed a clock.
 pub(crate) fn clock_ns() -> u64 {
@@ -268,12 +272,16 @@ impl Engine for LlamaCppEngine {
             Some(v) => settings::parse_stall(v)?,
             None => DEFAULT_PREFILL_STALL,
         };
+        let prefix_cache_mib = match config.params.get("prefix_cache_mib") {
+            Some(v) => settings::parse_prefix_cache_mib(v)?,
+            None => DEFAULT_PREFIX_CACHE_MIB,
+        };
         Ok(LlamaCppEngine {
             config,
             defaults: Mutex::new(LoadDefaults {
                 kv_type: None,
                 threads: None,
-                step: StepSettings { prefill_chunk: chunk, prefill_stall: stall },
+                step: StepSettings { prefill_chunk: chunk, prefill_stall: stall, prefix_cache_mib },
             }),
             models: RwLock::default(),
             running: Mutex::default(),
@@ -444,6 +452,10 @@ impl Engine for LlamaCppEngine {
                     "decode_steps_total": get(&s.decode_steps_total),
                     "kv_cells_used": get(&s.kv_cells_used),
                     "kv_cells_total": get(&s.kv_cells_total),
+                    "prefix_cache_bytes": get(&s.prefix_cache_bytes),
+                    "prefix_cache_entries": get(&s.prefix_cache_entries),
+                    "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
+                    "prefix_cache_restored_total": get(&s.prefix_cache_restored_total),
                     "kv_cache_type": settings.kv_type.name(),
                 })
             })
@@ -456,6 +468,7 @@ impl Engine for LlamaCppEngine {
             "tokens_generated_total": sum("tokens_generated_total"),
             "kv_cells_used": sum("kv_cells_used"),
             "kv_cells_total": sum("kv_cells_total"),
+            "prefix_cache_bytes": sum("prefix_cache_bytes"),
             "models": per_model,
         }))
     }
@@ -471,6 +484,7 @@ impl Engine for LlamaCppEngine {
                     Change::Threads(n) => d.threads = Some(n),
                     Change::PrefillChunk(n) => d.step.prefill_chunk = n,
                     Change::PrefillStall(s) => d.step.prefill_stall = s,
+                    Change::PrefixCacheMib(n) => d.step.prefix_cache_mib = n,
                 }
                 self.models.read().unwrap().values().cloned().collect()
             }
@@ -481,7 +495,7 @@ impl Engine for LlamaCppEngine {
                 match change {
                     Change::KvType(t) => s.kv_type = t,
                     Change::Threads(n) => s.threads = n,
-                    Change::PrefillChunk(_) | Change::PrefillStall(_) => {}
+                    Change::PrefillChunk(_) | Change::PrefillStall(_) | Change::PrefixCacheMib(_) => {}
                 }
             }
             if let Some(w) = m.scheduler.lock().unwrap().as_ref() {

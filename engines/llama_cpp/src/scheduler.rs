@@ -8,10 +8,12 @@
 //! copied by reference (`seq_cp`), so shared system prompts are processed once.
 
 use crate::pacing::Pacer;
+use crate::prefix_store::{common_prefix, PrefixStore};
 use crate::sampling::{logprobs, SamplingParams, TokenSampler};
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
@@ -71,6 +73,12 @@ pub struct Stats {
     pub kv_cells_used: AtomicU64,
     pub kv_cells_total: AtomicU64,
     pub decode_steps_total: AtomicU64,
+    pub prefix_cache_bytes: AtomicU64,
+    pub prefix_cache_entries: AtomicU64,
+    /// Idle caches copied to host memory.
+    pub prefix_cache_saved_total: AtomicU64,
+    /// Requests whose prefix came back from host memory.
+    pub prefix_cache_restored_total: AtomicU64,
 }
 
 struct Active {
@@ -120,7 +128,13 @@ pub struct Scheduler<'m> {
     logger: Logger,
     steps: u64,
     pacer: Pacer,
+    saved: PrefixStore<SeqState>,
 }
+
+/// Idle caches shorter than this are dropped, not saved: reading them again costs little.
+const MIN_SAVED_TOKENS: usize = 32;
+/// A saved prefix is restored only when it spares at least this many prompt tokens.
+const MIN_RESTORED_TOKENS: usize = 16;
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
 /// 32k model would reserve gigabytes nobody asked for; when the cells run out, idle caches go
@@ -194,6 +208,7 @@ pub fn run(
         logger,
         steps: 0,
         pacer: Pacer::default(),
+        saved: PrefixStore::new(mib(step.prefix_cache_mib)),
     };
     s.reset_slots();
     s.run_loop(commands);
@@ -209,6 +224,14 @@ impl<'m> Scheduler<'m> {
             self.settings.slots as i32,
         );
         self.stats.kv_cells_total.store(u64::from(total_cells(&self.settings)), Ordering::Relaxed);
+        // Saved states have the old context's shape (KV type).
+        self.saved.clear();
+        self.publish_saved();
+    }
+
+    fn publish_saved(&self) {
+        self.stats.prefix_cache_bytes.store(self.saved.bytes() as u64, Ordering::Relaxed);
+        self.stats.prefix_cache_entries.store(self.saved.len() as u64, Ordering::Relaxed);
     }
 
     fn busy(&self) -> bool {
@@ -258,6 +281,12 @@ impl<'m> Scheduler<'m> {
                 self.step.prefill_stall = s;
                 true
             }
+            Command::Change(Change::PrefixCacheMib(n)) => {
+                self.step.prefix_cache_mib = n;
+                self.saved.set_budget(mib(n));
+                self.publish_saved();
+                true
+            }
             Command::Change(Change::PrefillChunk(n)) => {
                 self.step.prefill_chunk = n;
                 self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
@@ -290,7 +319,7 @@ impl<'m> Scheduler<'m> {
             match c {
                 Change::KvType(t) => next.kv_type = t,
                 Change::Threads(n) => next.threads = n,
-                Change::PrefillChunk(_) | Change::PrefillStall(_) => {}
+                Change::PrefillChunk(_) | Change::PrefillStall(_) | Change::PrefixCacheMib(_) => {}
             }
         }
         if next == self.settings {
@@ -334,7 +363,14 @@ impl<'m> Scheduler<'m> {
     fn admit(&mut self) {
         while let Some(target) = self.free_slot_for(self.queue.front().map(|j| &j.tokens[..])) {
             let job = self.queue.pop_front().expect("checked by free_slot_for");
+            if common_prefix(&self.slots[target].cached, &job.tokens) < self.slots[target].cached.len() {
+                // The part of the target's cache this job does not share is about to go.
+                self.save(target);
+            }
             let reused = self.reuse_prefix(target, &job.tokens);
+            // Every other idle cache leaves the KV cache now (saved first), so later batches do
+            // not attend over it and its cells are free for the new work.
+            self.offload_idle(Some(target));
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab());
             let stops = StopMatcher::new(job.stop.iter().cloned());
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
@@ -383,6 +419,12 @@ impl<'m> Scheduler<'m> {
             .map(|(i, s)| (i, common_prefix(&s.cached, tokens).min(limit)))
             .max_by_key(|(_, n)| *n)
             .unwrap_or((target, 0));
+        if let Some((entry, n)) = self.saved.best(tokens) {
+            let n = n.min(limit);
+            if n > own.max(best) && n >= MIN_RESTORED_TOKENS && self.restore(target, entry, n) {
+                return n;
+            }
+        }
         let seq = self.slots[target].seq;
         if best > own {
             // Share the other sequence's cells for the prefix (no copy of the data).
@@ -403,6 +445,62 @@ impl<'m> Scheduler<'m> {
             self.slots[target].cached.clear();
             0
         }
+    }
+
+    /// Loads saved entry `entry` into slot `target`, keeping its first `n` tokens.
+    fn restore(&mut self, target: usize, entry: usize, n: usize) -> bool {
+        let seq = self.slots[target].seq;
+        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+        self.slots[target].cached.clear();
+        let (tokens, state) = self.saved.get(entry);
+        let restored =
+            self.ctx.state_seq_set(state, seq).is_ok() && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
+        if !restored {
+            // No room for its cells (or a state llama.cpp refused): read the prompt instead.
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            return false;
+        }
+        self.slots[target].cached = tokens[..n].to_vec();
+        self.stats.prefix_cache_restored_total.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Copies idle slot `i`'s cache to host memory unless it is short or already saved.
+    fn save(&mut self, i: usize) {
+        let slot = &self.slots[i];
+        if !self.saved.enabled() || slot.cached.len() < MIN_SAVED_TOKENS || self.saved.covers(&slot.cached) {
+            return;
+        }
+        match self.ctx.state_seq_get(slot.seq, LlamaStateSeqFlags::empty()) {
+            Ok(state) => {
+                let bytes = state.byte_len();
+                if self.saved.insert(slot.cached.clone(), state, bytes) {
+                    self.stats.prefix_cache_saved_total.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => self.logger.warn(&format!("could not save an idle cache: {e}")),
+        }
+        self.publish_saved();
+    }
+
+    /// Saves and clears every idle cache but `except`'s. With saving off (budget 0), idle caches
+    /// stay where they are, to be reused in place or overwritten.
+    fn offload_idle(&mut self, except: Option<usize>) -> bool {
+        if !self.saved.enabled() {
+            return false;
+        }
+        let mut freed = false;
+        for i in 0..self.slots.len() {
+            if Some(i) == except || self.slots[i].active.is_some() || self.slots[i].cached.is_empty() {
+                continue;
+            }
+            self.save(i);
+            let seq = self.slots[i].seq;
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            self.slots[i].cached.clear();
+            freed = true;
+        }
+        freed
     }
 
     /// Fills the batch; returns (generated tokens, prompt tokens) in it.
@@ -521,7 +619,7 @@ impl<'m> Scheduler<'m> {
 
     /// The KV cache is full: drop idle caches first, then end the longest running sequence.
     fn make_room(&mut self) {
-        let mut freed = false;
+        let mut freed = self.offload_idle(None);
         for slot in self.slots.iter_mut().filter(|s| s.active.is_none() && !s.cached.is_empty()) {
             let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
             slot.cached.clear();
@@ -634,6 +732,6 @@ impl<'m> Scheduler<'m> {
     }
 }
 
-fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+fn mib(n: u32) -> usize {
+    n as usize * 1024 * 1024
 }

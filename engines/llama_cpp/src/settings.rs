@@ -23,6 +23,9 @@ pub struct StepSettings {
     /// While sequences are generating, a step that also reads prompt tokens may take this many
     /// times a generating-only step (`pacing.rs`); infinite: whole chunks.
     pub prefill_stall: f64,
+    /// Host memory for saved prefixes (`prefix_store.rs`), in MiB; 0 keeps idle caches in the
+    /// KV cache instead.
+    pub prefix_cache_mib: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +73,7 @@ pub enum Change {
     Threads(u32),
     PrefillChunk(u32),
     PrefillStall(f64),
+    PrefixCacheMib(u32),
 }
 
 fn unsupported(msg: String) -> EngineError {
@@ -91,8 +95,9 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
             .map(Change::PrefillChunk)
             .ok_or_else(|| unsupported(format!("`prefill_chunk` takes an integer from 1 to 65536, got {value}"))),
         "prefill_stall" => parse_stall(value).map(Change::PrefillStall),
+        "prefix_cache_mib" => parse_prefix_cache_mib(value).map(Change::PrefixCacheMib),
         _ => Err(unsupported(format!(
-            "unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk, prefill_stall)"
+            "unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk, prefill_stall, prefix_cache_mib)"
         ))),
     }
 }
@@ -109,6 +114,15 @@ pub fn parse_stall(value: &serde_json::Value) -> Result<f64, EngineError> {
         .ok_or_else(|| unsupported(format!("`prefill_stall` takes a number from 1 to 1000000 or \"off\", got {value}")))
 }
 
+/// `prefix_cache_mib`: 0 (off) to 1 TiB.
+pub fn parse_prefix_cache_mib(value: &serde_json::Value) -> Result<u32, EngineError> {
+    value
+        .as_u64()
+        .filter(|&v| v <= 1 << 20)
+        .map(|v| v as u32)
+        .ok_or_else(|| unsupported(format!("`prefix_cache_mib` takes an integer from 0 to 1048576, got {value}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +135,16 @@ mod tests {
         for bad in [json!(0.5), json!("fast"), json!(null)] {
             let e = parse_change("prefill_stall", &bad).unwrap_err();
             assert!(e.message.contains("prefill_stall"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn prefix_cache_takes_mebibytes_or_zero() {
+        assert_eq!(parse_change("prefix_cache_mib", &json!(0)).unwrap(), Change::PrefixCacheMib(0));
+        assert_eq!(parse_change("prefix_cache_mib", &json!(512)).unwrap(), Change::PrefixCacheMib(512));
+        for bad in [json!(-1), json!("big"), json!(1.5)] {
+            let e = parse_change("prefix_cache_mib", &bad).unwrap_err();
+            assert!(e.message.contains("prefix_cache_mib"), "{}", e.message);
         }
     }
 }

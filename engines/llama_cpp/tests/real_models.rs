@@ -268,6 +268,44 @@ fn a_repeated_prefix_is_served_from_the_cache() {
 }
 
 #[test]
+fn an_idle_cache_is_saved_to_host_memory_and_restored_for_its_prefix() {
+    let system = format!("<|im_start|>system\n{}<|im_end|>\n", "You are a careful tutor of geography. ".repeat(12));
+    let ask = |q: &str| format!("{system}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n");
+    let other = "<|im_start|>user\nCount from one to five.<|im_end|>\n<|im_start|>assistant\n";
+    let prefix = private_engine(1).tokenize("smollm2", &system, true, true).unwrap().len() as u32;
+    let engine = private_engine(2);
+    let model_stats = |e: &EngineInstance| {
+        let all = e.metrics().unwrap();
+        all["models"].as_array().unwrap().iter().find(|m| m["model"] == "smollm2").unwrap().clone()
+    };
+
+    generate_on(&engine, &greedy(60, &ask("What is the capital of Italy?"), 8));
+    // A prompt sharing only the chat markup takes the slot that holds the long prompt (or the
+    // other one, which moves the long prompt's cache out): either way the cache leaves the KV cache.
+    generate_on(&engine, &greedy(61, other, 8));
+    let after_other = model_stats(&engine);
+    assert!(after_other["prefix_cache_saved_total"].as_u64() >= Some(1), "{after_other}");
+    assert!(after_other["prefix_cache_bytes"].as_u64() > Some(0), "{after_other}");
+
+    let question = ask("What is the capital of Spain?");
+    let (text, _, res) = generate_on(&engine, &greedy(62, &question, 16));
+    let stats = model_stats(&engine);
+    assert_eq!(stats["prefix_cache_restored_total"].as_u64(), Some(1), "{stats}");
+    assert!(res.cached_tokens >= prefix, "cached {} of a {prefix}-token prefix", res.cached_tokens);
+    // The restored cells are the ones computed before: the answer matches a fresh instance's.
+    let (fresh, _, fresh_res) = generate_on(&private_engine(1), &greedy(63, &question, 16));
+    assert_eq!(fresh_res.cached_tokens, 0);
+    let head = |t: &str| t.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+    assert_eq!(head(&text), head(&fresh), "restored {text:?} vs fresh {fresh:?}");
+
+    // Budget 0 turns saving off and frees what was saved.
+    engine.set_config(Some("smollm2"), "prefix_cache_mib", &serde_json::json!(0)).unwrap();
+    generate_on(&engine, &greedy(64, other, 4));
+    let off = model_stats(&engine);
+    assert_eq!((off["prefix_cache_bytes"].as_u64(), off["prefix_cache_entries"].as_u64()), (Some(0), Some(0)), "{off}");
+}
+
+#[test]
 fn embeddings_of_similar_sentences_are_closer() {
     let inputs = ["The cat sits on the mat.", "A cat is sitting on a rug.", "Quarterly revenue grew by eight percent."];
     let mut vecs = vec![Vec::new(); 3];
