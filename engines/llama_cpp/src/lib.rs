@@ -13,6 +13,7 @@ mod prefix_store;
 mod sampling;
 mod scheduler;
 mod settings;
+mod temperature;
 
 use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;

@@ -1,7 +1,10 @@
 //! Token selection. Greedy decoding without penalties takes the argmax of the logits directly
 //! (no candidate array over the whole vocabulary: that alone was seen to cost ~10% of decode
-//! speed); everything else goes through a llama.cpp sampler chain in llama-server's order.
+//! speed); temperature (and min-p) sampling without top-k, top-p or penalties, which is what
+//! the OpenAI defaults ask for, draws straight from the logits too (`temperature.rs`);
+//! everything else goes through a llama.cpp sampler chain in llama-server's order.
 
+use crate::temperature::TemperatureSampler;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
@@ -24,6 +27,7 @@ const PENALTY_LAST_N: i32 = 64;
 
 pub enum TokenSampler {
     Argmax,
+    Temperature(TemperatureSampler),
     Chain(LlamaSampler),
 }
 
@@ -60,6 +64,10 @@ impl TokenSampler {
             chain.push(LlamaSampler::greedy());
             return Self::Chain(LlamaSampler::chain_simple(chain));
         }
+        if p.top_k.is_none() && p.top_p >= 1.0 && !has_penalties(p) {
+            let seed = p.seed.unwrap_or_else(|| u64::from(random_seed()));
+            return Self::Temperature(TemperatureSampler::new(p.temperature, p.min_p, seed));
+        }
         if let Some(k) = p.top_k {
             chain.push(LlamaSampler::top_k(k.min(i32::MAX as u32) as i32));
         }
@@ -80,6 +88,7 @@ impl TokenSampler {
     pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32) -> LlamaToken {
         match self {
             Self::Argmax => LlamaToken(argmax(ctx.get_logits_ith(idx)) as i32),
+            Self::Temperature(s) => LlamaToken(s.sample(ctx.get_logits_ith(idx)) as i32),
             Self::Chain(s) => s.sample(ctx, idx),
         }
     }

@@ -158,20 +158,24 @@ fn a_stop_sequence_spanning_tokens_ends_generation_and_is_not_returned() {
 
 #[test]
 fn the_same_seed_gives_the_same_sample() {
-    let mut p = InferParams::greedy(8, "smollm2", "Write a word:");
-    p.temperature = 0.9;
-    p.top_p = 0.95;
-    p.top_k = Some(40);
-    p.seed = Some(1234);
-    p.max_tokens = Some(24);
     let engine = private_engine(2);
-    let (a, _, _) = generate_on(&engine, &p);
-    let (b, _, _) = generate_on(&engine, &InferParams { request_id: 9, ..p.clone() });
-    assert_eq!(a, b);
-    let outputs: std::collections::HashSet<String> = (0..4)
-        .map(|i| generate_on(&engine, &InferParams { request_id: 10 + i, seed: Some(i), ..p.clone() }).0)
-        .collect();
-    assert!(outputs.len() > 1, "different seeds should differ: {outputs:?}");
+    // A llama.cpp sampler chain (top-k, top-p), and the OpenAI defaults (temperature alone), which
+    // draw straight from the logits.
+    for (top_k, top_p, id) in [(Some(40), 0.95, 8), (None, 1.0, 20)] {
+        let mut p = InferParams::greedy(id, "smollm2", "Write a word:");
+        p.temperature = 0.9;
+        p.top_p = top_p;
+        p.top_k = top_k;
+        p.seed = Some(1234);
+        p.max_tokens = Some(24);
+        let (a, _, _) = generate_on(&engine, &p);
+        let (b, _, _) = generate_on(&engine, &InferParams { request_id: id + 1, ..p.clone() });
+        assert_eq!(a, b, "top_k {top_k:?}, top_p {top_p}");
+        let outputs: std::collections::HashSet<String> = (0..4)
+            .map(|i| generate_on(&engine, &InferParams { request_id: id + 2 + i, seed: Some(i), ..p.clone() }).0)
+            .collect();
+        assert!(outputs.len() > 1, "different seeds should differ: {outputs:?}");
+    }
 }
 
 #[test]
