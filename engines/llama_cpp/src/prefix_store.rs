@@ -62,6 +62,11 @@ impl<S> PrefixStore<S> {
             .max_by_key(|&(i, n)| (n, self.entries[i].used))
     }
 
+    /// How many tokens entry `i` holds (what a restore copies).
+    pub fn tokens_len(&self, i: usize) -> usize {
+        self.entries[i].tokens.len()
+    }
+
     /// Entry `i`'s tokens and state, marked as just used.
     pub fn get(&mut self, i: usize) -> (&[LlamaToken], &S) {
         self.clock += 1;

@@ -133,7 +133,8 @@ pub struct Scheduler<'m> {
 
 /// Idle caches shorter than this are dropped, not saved: reading them again costs little.
 const MIN_SAVED_TOKENS: usize = 32;
-/// A saved prefix is restored only when it spares at least this many prompt tokens.
+/// A saved prefix is restored only when it spares at least this many prompt tokens (and at
+/// least a quarter of the tokens the restore copies).
 const MIN_RESTORED_TOKENS: usize = 16;
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
@@ -421,7 +422,9 @@ impl<'m> Scheduler<'m> {
             .unwrap_or((target, 0));
         if let Some((entry, n)) = self.saved.best(tokens) {
             let n = n.min(limit);
-            if n > own.max(best) && n >= MIN_RESTORED_TOKENS && self.restore(target, entry, n) {
+            // A restore copies the whole saved sequence: worth it only for a good part of it.
+            let worth = n >= MIN_RESTORED_TOKENS && n * 4 >= self.saved.tokens_len(entry);
+            if n > own.max(best) && worth && self.restore(target, entry, n) {
                 return n;
             }
         }
