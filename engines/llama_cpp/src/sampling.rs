@@ -1,7 +1,7 @@
 //! Token selection. Greedy decoding without penalties takes the argmax of the logits directly
 //! (no candidate array over the whole vocabulary: that alone was seen to cost ~10% of decode
-//! speed); temperature (and min-p) sampling without top-k, top-p or penalties, which is what
-//! the OpenAI defaults ask for, draws straight from the logits too (`temperature.rs`);
+//! speed); temperature sampling without top-k or penalties, with or without top-p and min-p
+//! (the OpenAI parameters), draws straight from the logits too (`temperature.rs`);
 //! everything else goes through a llama.cpp sampler chain in llama-server's order.
 
 use crate::temperature::TemperatureSampler;
@@ -64,9 +64,9 @@ impl TokenSampler {
             chain.push(LlamaSampler::greedy());
             return Self::Chain(LlamaSampler::chain_simple(chain));
         }
-        if p.top_k.is_none() && p.top_p >= 1.0 && !has_penalties(p) {
+        if p.top_k.is_none() && !has_penalties(p) {
             let seed = p.seed.unwrap_or_else(|| u64::from(random_seed()));
-            return Self::Temperature(TemperatureSampler::new(p.temperature, p.min_p, seed));
+            return Self::Temperature(TemperatureSampler::new(p.temperature, p.top_p, p.min_p, seed));
         }
         if let Some(k) = p.top_k {
             chain.push(LlamaSampler::top_k(k.min(i32::MAX as u32) as i32));

@@ -1,4 +1,4 @@
-//! Temperature sampling (optionally with min-p) straight from the logits.
+//! Temperature sampling, with or without top-p and min-p, straight from the logits.
 //!
 //! The OpenAI defaults (temperature 1, top_p 1, no top_k) make a llama.cpp sampler chain build a
 //! candidate array over the whole vocabulary and call libm's `expf` once per token id: for
@@ -6,7 +6,8 @@
 //! decode and more at high concurrency, where the scheduler samples every sequence in turn. Here
 //! the weights come from one pass of plain arithmetic that the compiler vectorizes, and the draw
 //! finds its block of 512 ids before its token: 0.14 ms per draw over 262,144 logits (one pass of
-//! libm `expf` alone takes 0.89 ms).
+//! libm `expf` alone takes 0.89 ms). Top-p finds its cut from a histogram of the logits and a
+//! sort of one bucket instead of sorting the vocabulary.
 
 /// e^x for x <= 0, to about 2e-6 relative error, in arithmetic without calls, branches or
 /// float-to-int conversions, so that loops over it vectorize. Below -87 it is about 1e-38.
@@ -27,21 +28,102 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     f32::from_bits(((k_bits + 127) as u32) << 23) * p
 }
 
-/// Weights of one draw: e^((logit - max) / T) for the tokens within `gap` of the best, else 0;
-/// returns their sum and the sum of each `BLOCK` of them (to find the drawn token fast).
+/// Buffers reused from draw to draw.
+#[derive(Default)]
+struct Scratch {
+    weights: Vec<f32>,
+    /// Sum of each `BLOCK` of weights, to find the drawn token fast.
+    blocks: Vec<f32>,
+    /// Top-p: probabilities at temperature 1 (unnormalized) and their mass per logit bucket.
+    probs: Vec<f32>,
+    mass: Vec<f32>,
+}
+
+const BLOCK: usize = 512;
+/// Top-p buckets: 1/16 of a logit wide, 64 logits deep; everything below goes in the last.
+const BUCKETS_PER_LOGIT: f32 = 16.0;
+const BUCKETS: usize = 1024;
+
 #[inline(always)]
-fn weigh(logits: &[f32], scale: f32, gap: f32, weights: &mut [f32], blocks: &mut Vec<f32>) -> f32 {
+fn max_of(logits: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let chunks = logits.chunks_exact(8);
-    let mut max = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for c in chunks {
         for (m, &v) in lanes.iter_mut().zip(c) {
             *m = if v > *m { v } else { *m };
         }
     }
-    max = lanes.iter().copied().fold(max, f32::max);
-    blocks.clear();
-    for (w, l) in weights.chunks_mut(BLOCK).zip(logits.chunks(BLOCK)) {
+    lanes.iter().copied().fold(tail, f32::max)
+}
+
+/// Sum with eight running lanes: vectorizes, and rounds less than one long chain.
+#[inline(always)]
+fn sum_of(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = values.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (s, v) in lanes.iter_mut().zip(c) {
+            *s += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+#[inline(always)]
+fn bucket(gap_below_max: f32) -> usize {
+    ((gap_below_max * BUCKETS_PER_LOGIT) as usize).min(BUCKETS - 1)
+}
+
+/// How far below the best logit llama.cpp's top-p sampler would cut: it keeps the smallest set of
+/// most likely tokens whose probability (at temperature 1, before min-p and the temperature, as
+/// in its chain) reaches `p`. Tokens tied with the last one kept are kept too.
+#[inline(always)]
+fn top_p_gap(logits: &[f32], max: f32, p: f32, scratch: &mut Scratch) -> f32 {
+    scratch.probs.clear();
+    scratch.probs.extend(logits.iter().map(|&l| exp_nonpositive(l - max)));
+    let wanted = p * sum_of(&scratch.probs);
+    scratch.mass.clear();
+    scratch.mass.resize(BUCKETS, 0.0);
+    for (&l, &e) in logits.iter().zip(&scratch.probs) {
+        scratch.mass[bucket(max - l)] += e;
+    }
+    let mut before = 0.0f32;
+    let mut edge = BUCKETS - 1;
+    for (b, &m) in scratch.mass.iter().enumerate() {
+        if before + m >= wanted {
+            edge = b;
+            break;
+        }
+        before += m;
+    }
+    // The cut lies in bucket `edge`: its tokens, most likely first.
+    let mut inside: Vec<(f32, f32)> = logits
+        .iter()
+        .zip(&scratch.probs)
+        .filter(|(&l, _)| bucket(max - l) == edge)
+        .map(|(&l, &e)| (l - max, e))
+        .collect();
+    inside.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+    for (x, e) in inside {
+        before += e;
+        if before >= wanted {
+            return x;
+        }
+    }
+    f32::NEG_INFINITY // rounding left the total a hair short: keep everything
+}
+
+/// Fills the weights of one draw, e^((logit - max) / T) for the tokens that top-p and min-p keep
+/// and 0 for the rest, with their block sums; returns their total.
+#[inline(always)]
+fn weigh(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scratch: &mut Scratch) -> f32 {
+    let max = max_of(logits);
+    let gap = if top_p < 1.0 { min_gap.max(top_p_gap(logits, max, top_p, scratch)) } else { min_gap };
+    scratch.weights.resize(logits.len(), 0.0);
+    scratch.blocks.clear();
+    for (w, l) in scratch.weights.chunks_mut(BLOCK).zip(logits.chunks(BLOCK)) {
         let mut sums = [0.0f32; 8];
         for (w8, l8) in w.chunks_mut(8).zip(l.chunks(8)) {
             for ((o, &v), s) in w8.iter_mut().zip(l8).zip(sums.iter_mut()) {
@@ -50,65 +132,65 @@ fn weigh(logits: &[f32], scale: f32, gap: f32, weights: &mut [f32], blocks: &mut
                 *s += *o;
             }
         }
-        blocks.push(sums.iter().sum());
+        scratch.blocks.push(sums.iter().sum());
     }
-    blocks.iter().sum()
+    scratch.blocks.iter().sum()
 }
 
-/// The same loop compiled for AVX2 + FMA, used when the CPU has them (the crate is built for
-/// the x86-64 baseline, where the loop gets 4 lanes instead of 8).
+/// The same compiled for AVX2 + FMA, used when the CPU has them (the crate is built for the
+/// x86-64 baseline, where the loops get 4 lanes instead of 8).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn weigh_avx2(logits: &[f32], scale: f32, gap: f32, weights: &mut [f32], blocks: &mut Vec<f32>) -> f32 {
-    weigh(logits, scale, gap, weights, blocks)
+unsafe fn weigh_avx2(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scratch: &mut Scratch) -> f32 {
+    weigh(logits, scale, min_gap, top_p, scratch)
 }
-
-const BLOCK: usize = 512;
 
 pub struct TemperatureSampler {
     inv_temperature: f32,
     /// Tokens whose logit is more than this far below the best are left out (ln(min_p); -inf: none).
     min_logit_gap: f32,
+    /// Keep the most likely tokens up to this probability (1: all).
+    top_p: f32,
     rng: fastrand::Rng,
-    weights: Vec<f32>,
-    blocks: Vec<f32>,
+    scratch: Scratch,
 }
 
 impl TemperatureSampler {
-    pub fn new(temperature: f32, min_p: f32, seed: u64) -> Self {
+    pub fn new(temperature: f32, top_p: f32, min_p: f32, seed: u64) -> Self {
         TemperatureSampler {
             inv_temperature: 1.0 / temperature,
             // llama.cpp's min_p compares raw logits, before the temperature: so does this.
             min_logit_gap: if min_p > 0.0 { min_p.ln() } else { f32::NEG_INFINITY },
+            top_p,
             rng: fastrand::Rng::with_seed(seed),
-            weights: Vec::new(),
-            blocks: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
-    /// Draws a token id with probability softmax(logits / temperature), among the tokens min-p keeps.
+    /// Draws a token id with probability softmax(logits / temperature), among the tokens top-p
+    /// and min-p keep.
     pub fn sample(&mut self, logits: &[f32]) -> usize {
-        self.weights.resize(logits.len(), 0.0);
-        let (scale, gap) = (self.inv_temperature, self.min_logit_gap);
+        let (scale, gap, top_p) = (self.inv_temperature, self.min_logit_gap, self.top_p);
         #[cfg(target_arch = "x86_64")]
         let total = if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has the features the function was compiled for.
-            unsafe { weigh_avx2(logits, scale, gap, &mut self.weights, &mut self.blocks) }
+            unsafe { weigh_avx2(logits, scale, gap, top_p, &mut self.scratch) }
         } else {
-            weigh(logits, scale, gap, &mut self.weights, &mut self.blocks)
+            weigh(logits, scale, gap, top_p, &mut self.scratch)
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let total = weigh(logits, scale, gap, &mut self.weights, &mut self.blocks);
+        let total = weigh(logits, scale, gap, top_p, &mut self.scratch);
+        let Scratch { weights, blocks, .. } = &self.scratch;
         let mut target = self.rng.f32() * total;
         // Find the block, then the token in it. Rounding may leave the sums a hair short of the
         // target: then the last token with weight is the draw.
         let mut last_kept = 0;
-        for (b, &sum) in self.blocks.iter().enumerate() {
+        for (b, &sum) in blocks.iter().enumerate() {
             if sum <= 0.0 {
                 continue;
             }
             let start = b * BLOCK;
-            let block = &self.weights[start..(start + BLOCK).min(self.weights.len())];
+            let block = &weights[start..(start + BLOCK).min(weights.len())];
             if target >= sum {
                 target -= sum;
                 last_kept = start + block.iter().rposition(|&w| w > 0.0).unwrap_or(0);
@@ -150,7 +232,7 @@ mod tests {
         let logits = [2.0f32, 1.0, 0.0, -1.0, 0.5];
         let t = 0.7;
         let z: f32 = logits.iter().map(|l| (l / t).exp()).sum();
-        let mut s = TemperatureSampler::new(t, 0.0, 42);
+        let mut s = TemperatureSampler::new(t, 1.0, 0.0, 42);
         let n = 200_000;
         let mut counts = [0usize; 5];
         for _ in 0..n {
@@ -170,11 +252,52 @@ mod tests {
         // With min_p 0.1 only tokens whose probability is at least a tenth of the best's remain:
         // e^(l - 3) >= 0.1 keeps logits >= 0.70.
         let logits = [3.0f32, 2.5, 0.8, 0.6, -5.0];
-        let mut s = TemperatureSampler::new(1.5, 0.1, 7);
+        let mut s = TemperatureSampler::new(1.5, 1.0, 0.1, 7);
         let draws: Vec<usize> = (0..5_000).map(|_| s.sample(&logits)).collect();
         assert!(draws.iter().all(|&i| i <= 2), "a token below min_p was drawn");
         assert!(draws.contains(&2), "the high temperature should reach token 2");
-        let mut again = TemperatureSampler::new(1.5, 0.1, 7);
+        let mut again = TemperatureSampler::new(1.5, 1.0, 0.1, 7);
         assert!(draws.iter().all(|&d| d == again.sample(&logits)), "same seed, same draws");
+    }
+
+    #[test]
+    fn top_p_keeps_what_a_sort_would_keep() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        for case in 0..40 {
+            let spread = [2.0f32, 8.0, 30.0][case % 3];
+            let logits: Vec<f32> = (0..5_000).map(|_| rng.f32() * spread).collect();
+            let p = [0.0f32, 0.5, 0.9, 0.95, 0.999][case % 5];
+            // Reference: sort, keep until the cumulative probability reaches p.
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sorted: Vec<f32> = logits.iter().map(|l| l - max).collect();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let z: f64 = sorted.iter().map(|&x| f64::from(x).exp()).sum();
+            let mut acc = 0.0f64;
+            let mut expected = sorted[0];
+            for &x in &sorted {
+                acc += f64::from(x).exp() / z;
+                expected = x;
+                if acc >= f64::from(p) {
+                    break;
+                }
+            }
+            let gap = top_p_gap(&logits, max, p, &mut Scratch::default());
+            // The edge token may differ by float rounding of the running sums, not by more.
+            let kept = logits.iter().filter(|&&l| l - max >= gap).count();
+            let kept_expected = logits.iter().filter(|&&l| l - max >= expected).count();
+            assert!(kept.abs_diff(kept_expected) <= 1, "case {case}: kept {kept}, a sort keeps {kept_expected}");
+        }
+    }
+
+    #[test]
+    fn draws_with_top_p_stay_in_the_nucleus() {
+        // Probabilities at temperature 1: 0.64, 0.24, 0.09, 0.03 (rounded): top-p 0.85 keeps two.
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let mut s = TemperatureSampler::new(2.0, 0.85, 0.0, 9);
+        let draws: Vec<usize> = (0..5_000).map(|_| s.sample(&logits)).collect();
+        assert!(draws.iter().all(|&i| i <= 1), "a token outside the nucleus was drawn");
+        let second = draws.iter().filter(|&&i| i == 1).count() as f32 / 5_000.0;
+        // Among the two kept, at temperature 2: e^0.5 / (e^1 + e^0.5) = 0.378.
+        assert!((second - 0.378).abs() < 0.03, "second token drawn {second}");
     }
 }
