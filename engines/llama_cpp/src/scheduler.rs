@@ -5,7 +5,8 @@
 //! others generate: `pacing.rs`), decodes it once, and samples for every sequence that produced
 //! logits. New requests join between steps.
 //! The KV cache is unified: a new request starts from the longest token prefix any slot holds,
-//! copied by reference (`seq_cp`), so shared system prompts are processed once.
+//! copied by reference (`seq_cp`), or that host memory saved from an idle slot (`prefixes.rs`),
+//! so shared system prompts are processed once.
 
 use crate::pacing::Pacer;
 use crate::prefix_store::{common_prefix, PrefixStore};
@@ -13,7 +14,7 @@ use crate::sampling::{logprobs, SamplingParams, TokenSampler};
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
+use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
@@ -27,6 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
+
+mod prefixes;
 
 /// A generation request, tokenized by the caller.
 pub struct Job {
@@ -130,12 +133,6 @@ pub struct Scheduler<'m> {
     pacer: Pacer,
     saved: PrefixStore<SeqState>,
 }
-
-/// Idle caches shorter than this are dropped, not saved: reading them again costs little.
-const MIN_SAVED_TOKENS: usize = 32;
-/// A saved prefix is restored only when it spares at least this many prompt tokens (and at
-/// least a quarter of the tokens the restore copies).
-const MIN_RESTORED_TOKENS: usize = 16;
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
 /// 32k model would reserve gigabytes nobody asked for; when the cells run out, idle caches go
@@ -395,117 +392,6 @@ impl<'m> Scheduler<'m> {
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
     }
 
-    /// The free slot a job should take: the one whose cache shares the longest prefix with it,
-    /// else the least recently used.
-    fn free_slot_for(&self, tokens: Option<&[LlamaToken]>) -> Option<usize> {
-        let tokens = tokens?;
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.active.is_none())
-            .max_by_key(|(_, s)| (common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used)))
-            .map(|(i, _)| i)
-    }
-
-    /// Prepares slot `target` for `tokens` and returns how many leading tokens are already in
-    /// its cache. At least one prompt token is always decoded, to get logits.
-    fn reuse_prefix(&mut self, target: usize, tokens: &[LlamaToken]) -> usize {
-        let limit = tokens.len().saturating_sub(1);
-        let own = common_prefix(&self.slots[target].cached, tokens).min(limit);
-        let (best_src, best) = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != target)
-            .map(|(i, s)| (i, common_prefix(&s.cached, tokens).min(limit)))
-            .max_by_key(|(_, n)| *n)
-            .unwrap_or((target, 0));
-        if let Some((entry, n)) = self.saved.best(tokens) {
-            let n = n.min(limit);
-            // A restore copies the whole saved sequence: worth it only for a good part of it.
-            let worth = n >= MIN_RESTORED_TOKENS && n * 4 >= self.saved.tokens_len(entry);
-            if n > own.max(best) && worth && self.restore(target, entry, n) {
-                return n;
-            }
-        }
-        let seq = self.slots[target].seq;
-        if best > own {
-            // Share the other sequence's cells for the prefix (no copy of the data).
-            let src = self.slots[best_src].seq;
-            let copied = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).is_ok()
-                && self.ctx.kv_cache_seq_cp(src, seq, Some(0), Some(best as u32)).is_ok();
-            if copied {
-                self.slots[target].cached = tokens[..best].to_vec();
-                return best;
-            }
-        }
-        if self.ctx.kv_cache_seq_rm(seq, Some(own as u32), None).is_ok() {
-            self.slots[target].cached.truncate(own);
-            own
-        } else {
-            // Some caches (sliding window, recurrent) cannot drop a suffix: start over.
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            self.slots[target].cached.clear();
-            0
-        }
-    }
-
-    /// Loads saved entry `entry` into slot `target`, keeping its first `n` tokens.
-    fn restore(&mut self, target: usize, entry: usize, n: usize) -> bool {
-        let seq = self.slots[target].seq;
-        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-        self.slots[target].cached.clear();
-        let (tokens, state) = self.saved.get(entry);
-        let restored =
-            self.ctx.state_seq_set(state, seq).is_ok() && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
-        if !restored {
-            // No room for its cells (or a state llama.cpp refused): read the prompt instead.
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            return false;
-        }
-        self.slots[target].cached = tokens[..n].to_vec();
-        self.stats.prefix_cache_restored_total.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
-    /// Copies idle slot `i`'s cache to host memory unless it is short or already saved.
-    fn save(&mut self, i: usize) {
-        let slot = &self.slots[i];
-        if !self.saved.enabled() || slot.cached.len() < MIN_SAVED_TOKENS || self.saved.covers(&slot.cached) {
-            return;
-        }
-        match self.ctx.state_seq_get(slot.seq, LlamaStateSeqFlags::empty()) {
-            Ok(state) => {
-                let bytes = state.byte_len();
-                if self.saved.insert(slot.cached.clone(), state, bytes) {
-                    self.stats.prefix_cache_saved_total.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Err(e) => self.logger.warn(&format!("could not save an idle cache: {e}")),
-        }
-        self.publish_saved();
-    }
-
-    /// Saves and clears every idle cache but `except`'s. With saving off (budget 0), idle caches
-    /// stay where they are, to be reused in place or overwritten.
-    fn offload_idle(&mut self, except: Option<usize>) -> bool {
-        if !self.saved.enabled() {
-            return false;
-        }
-        let mut freed = false;
-        for i in 0..self.slots.len() {
-            if Some(i) == except || self.slots[i].active.is_some() || self.slots[i].cached.is_empty() {
-                continue;
-            }
-            self.save(i);
-            let seq = self.slots[i].seq;
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            self.slots[i].cached.clear();
-            freed = true;
-        }
-        freed
-    }
-
     /// Fills the batch; returns (generated tokens, prompt tokens) in it.
     fn build_batch(&mut self) -> (usize, usize) {
         self.batch.clear();
@@ -620,7 +506,8 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// The KV cache is full: drop idle caches first, then end the longest running sequence.
+    /// The KV cache is full: save and drop idle caches first, then end the longest running
+    /// sequence.
     fn make_room(&mut self) {
         let mut freed = self.offload_idle(None);
         for slot in self.slots.iter_mut().filter(|s| s.active.is_none() && !s.cached.is_empty()) {

@@ -1,0 +1,128 @@
+//! Where a new request's prefix comes from, and where idle caches go: slots' caches shared by
+//! `seq_cp`, and the saved prefixes of `prefix_store.rs` (copied out when a request is admitted,
+//! copied back by `state_seq_set`).
+
+use super::Scheduler;
+use crate::prefix_store::common_prefix;
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
+use llama_cpp_2::token::LlamaToken;
+use std::sync::atomic::Ordering;
+
+/// Idle caches shorter than this are dropped, not saved: reading them again costs little.
+const MIN_SAVED_TOKENS: usize = 32;
+/// A saved prefix is restored only when it spares at least this many prompt tokens (and at
+/// least a quarter of the tokens the restore copies).
+const MIN_RESTORED_TOKENS: usize = 16;
+
+impl Scheduler<'_> {
+    /// The free slot a job should take: the one whose cache shares the longest prefix with it,
+    /// else the least recently used.
+    pub(super) fn free_slot_for(&self, tokens: Option<&[LlamaToken]>) -> Option<usize> {
+        let tokens = tokens?;
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_none())
+            .max_by_key(|(_, s)| (common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used)))
+            .map(|(i, _)| i)
+    }
+
+    /// Prepares slot `target` for `tokens` and returns how many leading tokens are already in
+    /// its cache. At least one prompt token is always decoded, to get logits.
+    pub(super) fn reuse_prefix(&mut self, target: usize, tokens: &[LlamaToken]) -> usize {
+        let limit = tokens.len().saturating_sub(1);
+        let own = common_prefix(&self.slots[target].cached, tokens).min(limit);
+        let (best_src, best) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != target)
+            .map(|(i, s)| (i, common_prefix(&s.cached, tokens).min(limit)))
+            .max_by_key(|(_, n)| *n)
+            .unwrap_or((target, 0));
+        if let Some((entry, n)) = self.saved.best(tokens) {
+            let n = n.min(limit);
+            // A restore copies the whole saved sequence: worth it only for a good part of it.
+            let worth = n >= MIN_RESTORED_TOKENS && n * 4 >= self.saved.tokens_len(entry);
+            if n > own.max(best) && worth && self.restore(target, entry, n) {
+                return n;
+            }
+        }
+        let seq = self.slots[target].seq;
+        if best > own {
+            // Share the other sequence's cells for the prefix (no copy of the data).
+            let src = self.slots[best_src].seq;
+            let copied = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).is_ok()
+                && self.ctx.kv_cache_seq_cp(src, seq, Some(0), Some(best as u32)).is_ok();
+            if copied {
+                self.slots[target].cached = tokens[..best].to_vec();
+                return best;
+            }
+        }
+        if self.ctx.kv_cache_seq_rm(seq, Some(own as u32), None).is_ok() {
+            self.slots[target].cached.truncate(own);
+            own
+        } else {
+            // Some caches (sliding window, recurrent) cannot drop a suffix: start over.
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            self.slots[target].cached.clear();
+            0
+        }
+    }
+
+    /// Loads saved entry `entry` into slot `target`, keeping its first `n` tokens.
+    fn restore(&mut self, target: usize, entry: usize, n: usize) -> bool {
+        let seq = self.slots[target].seq;
+        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+        self.slots[target].cached.clear();
+        let (tokens, state) = self.saved.get(entry);
+        let restored =
+            self.ctx.state_seq_set(state, seq).is_ok() && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
+        if !restored {
+            // No room for its cells (or a state llama.cpp refused): read the prompt instead.
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            return false;
+        }
+        self.slots[target].cached = tokens[..n].to_vec();
+        self.stats.prefix_cache_restored_total.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Copies idle slot `i`'s cache to host memory unless it is short or already saved.
+    pub(super) fn save(&mut self, i: usize) {
+        let slot = &self.slots[i];
+        if !self.saved.enabled() || slot.cached.len() < MIN_SAVED_TOKENS || self.saved.covers(&slot.cached) {
+            return;
+        }
+        match self.ctx.state_seq_get(slot.seq, LlamaStateSeqFlags::empty()) {
+            Ok(state) => {
+                let bytes = state.byte_len();
+                if self.saved.insert(slot.cached.clone(), state, bytes) {
+                    self.stats.prefix_cache_saved_total.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => self.logger.warn(&format!("could not save an idle cache: {e}")),
+        }
+        self.publish_saved();
+    }
+
+    /// Saves and clears every idle cache but `except`'s. With saving off (budget 0), idle caches
+    /// stay where they are, to be reused in place or overwritten.
+    pub(super) fn offload_idle(&mut self, except: Option<usize>) -> bool {
+        if !self.saved.enabled() {
+            return false;
+        }
+        let mut freed = false;
+        for i in 0..self.slots.len() {
+            if Some(i) == except || self.slots[i].active.is_some() || self.slots[i].cached.is_empty() {
+                continue;
+            }
+            self.save(i);
+            let seq = self.slots[i].seq;
+            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            self.slots[i].cached.clear();
+            freed = true;
+        }
+        freed
+    }
+}
