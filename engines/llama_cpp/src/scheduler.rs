@@ -367,8 +367,11 @@ impl<'m> Scheduler<'m> {
             }
             let reused = self.reuse_prefix(target, &job.tokens);
             // Every other idle cache leaves the KV cache now (saved first), so later batches do
-            // not attend over it and its cells are free for the new work.
-            self.offload_idle(Some(target));
+            // not attend over it and its cells are free for the new work. With saving off, idle
+            // caches stay in place, to be reused or overwritten.
+            if self.saved.enabled() {
+                self.drop_idle(Some(target));
+            }
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab());
             let stops = StopMatcher::new(job.stop.iter().cloned());
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
@@ -509,13 +512,7 @@ impl<'m> Scheduler<'m> {
     /// The KV cache is full: save and drop idle caches first, then end the longest running
     /// sequence.
     fn make_room(&mut self) {
-        let mut freed = self.offload_idle(None);
-        for slot in self.slots.iter_mut().filter(|s| s.active.is_none() && !s.cached.is_empty()) {
-            let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
-            slot.cached.clear();
-            freed = true;
-        }
-        if freed {
+        if self.drop_idle(None) {
             return;
         }
         if let Some(i) = (0..self.slots.len())

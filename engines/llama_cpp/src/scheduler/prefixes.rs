@@ -106,12 +106,9 @@ impl Scheduler<'_> {
         self.publish_saved();
     }
 
-    /// Saves and clears every idle cache but `except`'s. With saving off (budget 0), idle caches
-    /// stay where they are, to be reused in place or overwritten.
-    pub(super) fn offload_idle(&mut self, except: Option<usize>) -> bool {
-        if !self.saved.enabled() {
-            return false;
-        }
+    /// Clears every idle cache but `except`'s from the KV cache, saving each first (`save` skips
+    /// short ones, and everything when saving is off). Returns whether any cells were freed.
+    pub(super) fn drop_idle(&mut self, except: Option<usize>) -> bool {
         let mut freed = false;
         for i in 0..self.slots.len() {
             if Some(i) == except || self.slots[i].active.is_some() || self.slots[i].cached.is_empty() {
