@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llmr_engine_host::{
-    load_one, EngineInstance, EngineRegistry, FinishReason, InferParams, InstanceConfig, Manifest, ModelSpec,
+    load_one, EngineInstance, Format, EngineRegistry, FinishReason, InferParams, InstanceConfig, Manifest, ModelSpec,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +72,7 @@ fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
     for rep in 0..args.reps + 1 {
         let prompt = prompt_of(engine, args.pp, 1000 + rep as u64)?;
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
-        p.max_tokens = Some(1);
+        p.sampling.max_tokens = Some(1);
         p.parse_special = false;
         let r = engine.infer(&p, |_| true)?;
         let evaluated = (r.prompt_tokens - r.cached_tokens) as f64;
@@ -90,7 +90,7 @@ fn run_tg(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
     for rep in 0..args.reps + 1 {
         let prompt = format!("{rep}");
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
-        p.max_tokens = Some(args.tg + 1);
+        p.sampling.max_tokens = Some(args.tg + 1);
         p.ignore_eos = true;
         let r = engine.infer(&p, |_| true)?;
         if r.finish_reason != FinishReason::Length {
@@ -119,7 +119,7 @@ fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json:
                 .map(|prompt| {
                     s.spawn(move || -> Result<(u64, u64, u32)> {
                         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
-                        p.max_tokens = Some(args.ntg);
+                        p.sampling.max_tokens = Some(args.ntg);
                         p.ignore_eos = true;
                         let (mut first, mut last) = (0u64, 0u64);
                         let r = engine.infer(&p, |t| {
@@ -163,11 +163,7 @@ fn main() -> Result<()> {
         &plugin,
         &InstanceConfig { slots, threads: args.threads, context_length: 1024, ..Default::default() },
     )?;
-    engine.load_model(&ModelSpec {
-        model_id: "m".into(),
-        primary_file: args.model.display().to_string(),
-        ..Default::default()
-    })?;
+    engine.load_model(&ModelSpec::new("m", Format::Gguf, args.model.display().to_string()))?;
     let mut out = serde_json::json!({
         "engine": plugin.id(), "engine_version": plugin.manifest.version.to_string(),
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),

@@ -10,6 +10,7 @@ use crate::manifest::Manifest;
 use crate::registry::EngineRegistry;
 use crate::status::EngineStatus;
 use llmr_engine_abi as abi;
+use llmr_engine_types::Format;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -32,8 +33,8 @@ pub struct Check {
 pub struct CheckOptions {
     /// Model file for the model-dependent checks; without it they are skipped.
     pub model: Option<PathBuf>,
-    /// Format of `model` (`LLMR_FORMAT_*`); guessed from the extension when `None`.
-    pub format: Option<u32>,
+    /// Format of `model`; guessed from the extension when `None`.
+    pub format: Option<Format>,
     /// Prompt for generation checks.
     pub prompt: Option<String>,
     pub threads: u32,
@@ -63,13 +64,13 @@ const MODEL_ID: &str = "conformance-model";
 const DEFAULT_PROMPT: &str =
     "The quick brown fox jumps over the lazy dog and then runs far away into the deep green forest near the river";
 
-fn format_of(path: &Path) -> u32 {
+fn format_of(path: &Path) -> Option<Format> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some("gguf") => abi::LLMR_FORMAT_GGUF,
-        Some("safetensors") | Some("json") => abi::LLMR_FORMAT_SAFETENSORS,
-        Some("onnx") => abi::LLMR_FORMAT_ONNX,
-        Some("bin") => abi::LLMR_FORMAT_GGML,
-        _ => abi::LLMR_FORMAT_UNKNOWN,
+        Some("gguf") => Some(Format::Gguf),
+        Some("safetensors") | Some("json") => Some(Format::Safetensors),
+        Some("onnx") => Some(Format::Onnx),
+        Some("bin") => Some(Format::Ggml),
+        _ => None,
     }
 }
 
@@ -196,13 +197,11 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
         r.record("destroy", Ok("instance destroyed".into()));
         return r.checks;
     };
-    let spec = ModelSpec {
-        model_id: MODEL_ID.into(),
-        format: options.format.unwrap_or_else(|| format_of(model)),
-        model_dir: model.parent().unwrap_or(Path::new(".")).display().to_string(),
-        primary_file: model.display().to_string(),
-        ..Default::default()
+    let Some(format) = options.format.or_else(|| format_of(model)) else {
+        r.record("load model", Err(format!("cannot tell the format of {} from its extension", model.display())));
+        return r.checks;
     };
+    let spec = ModelSpec::new(MODEL_ID, format, model.display().to_string());
     if !r
         .record("load model", engine.load_model(&spec).map(|()| model.display().to_string()).map_err(|e| e.to_string()))
     {
@@ -211,9 +210,9 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
     r.record("load model twice", expect_error(engine.load_model(&spec), None));
     r.record(
         "model info",
-        engine.model_info(MODEL_ID).map_err(|e| e.to_string()).and_then(|v| match v {
-            serde_json::Value::Object(o) => Ok(o.keys().cloned().collect::<Vec<_>>().join(", ")),
-            other => Err(format!("not a JSON object: {other}")),
+        engine.model_info(MODEL_ID).map_err(|e| e.to_string()).map(|info| match serde_json::to_value(&info) {
+            Ok(serde_json::Value::Object(o)) => o.keys().cloned().collect::<Vec<_>>().join(", "),
+            _ => "no keys".into(),
         }),
     );
     let prompt = options.prompt.as_deref().unwrap_or(DEFAULT_PROMPT);
@@ -250,7 +249,7 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
 
 fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
     let mut params = InferParams::greedy(10, MODEL_ID, prompt);
-    params.max_tokens = Some(16);
+    params.sampling.max_tokens = Some(16);
     let mut pieces = Vec::new();
     let res = engine.infer(&params, |t| {
         pieces.push(t.text.to_string());
@@ -277,7 +276,7 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
     );
 
     params.request_id = 11;
-    params.max_tokens = Some(3);
+    params.sampling.max_tokens = Some(3);
     params.ignore_eos = true;
     r.record(
         "infer: max_tokens",
@@ -290,7 +289,7 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
     );
 
     params.request_id = 12;
-    params.max_tokens = Some(64);
+    params.sampling.max_tokens = Some(64);
     let mut calls = 0;
     r.record(
         "infer: cancel from callback",

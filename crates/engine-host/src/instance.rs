@@ -9,6 +9,7 @@ use crate::manifest::GpuBackend;
 use crate::plugin::Plugin;
 use crate::status::{CallError, EngineStatus};
 use llmr_engine_abi as abi;
+use llmr_engine_types::{Format, ModelInfo, Sampling};
 use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -31,11 +32,10 @@ pub struct InstanceConfig {
 }
 
 /// A model to load (the node's ModelDescriptor, as the ABI needs it).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ModelSpec {
     pub model_id: String,
-    /// `LLMR_FORMAT_*`
-    pub format: u32,
+    pub format: Format,
     pub model_dir: String,
     pub primary_file: String,
     pub architecture: Option<String>,
@@ -45,50 +45,46 @@ pub struct ModelSpec {
     pub options: Option<serde_json::Value>,
 }
 
+impl ModelSpec {
+    /// A model of `format` in `primary_file`, with every optional field unset.
+    pub fn new(model_id: impl Into<String>, format: Format, primary_file: impl Into<String>) -> Self {
+        let primary_file = primary_file.into();
+        let model_dir = std::path::Path::new(&primary_file).parent().map(|d| d.display().to_string());
+        ModelSpec {
+            model_id: model_id.into(),
+            format,
+            model_dir: model_dir.unwrap_or_default(),
+            primary_file,
+            architecture: None,
+            quantization: None,
+            mmproj_file: None,
+            context_length: 0,
+            options: None,
+        }
+    }
+}
+
 /// A text generation request.
 #[derive(Clone, Debug)]
 pub struct InferParams<'a> {
     pub request_id: u64,
     pub model_id: &'a str,
     pub prompt: &'a str,
-    pub max_tokens: Option<u32>,
-    pub top_k: Option<u32>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    pub stop: &'a [String],
-    pub logprobs: Option<u32>,
+    pub sampling: Sampling,
     pub parse_special: bool,
     pub add_bos: bool,
     pub ignore_eos: bool,
 }
 
 impl<'a> InferParams<'a> {
-    /// Greedy decoding with every sampler disabled.
+    /// The prompt with the model's BOS, special tokens parsed, stopping at EOS.
+    pub fn new(request_id: u64, model_id: &'a str, prompt: &'a str, sampling: Sampling) -> Self {
+        Self { request_id, model_id, prompt, sampling, parse_special: true, add_bos: true, ignore_eos: false }
+    }
+
+    /// Greedy decoding with every sampler off.
     pub fn greedy(request_id: u64, model_id: &'a str, prompt: &'a str) -> Self {
-        Self {
-            request_id,
-            model_id,
-            prompt,
-            max_tokens: None,
-            top_k: None,
-            temperature: 0.0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-            stop: &[],
-            logprobs: None,
-            parse_special: true,
-            add_bos: true,
-            ignore_eos: false,
-        }
+        Self::new(request_id, model_id, prompt, Sampling::greedy())
     }
 }
 
@@ -340,7 +336,7 @@ impl EngineInstance {
         let options = opt_cstring(spec.options.as_ref().map(|o| o.to_string()).as_deref(), "options")?;
         let raw = abi::llmr_model_desc {
             struct_size: std::mem::size_of::<abi::llmr_model_desc>() as u32,
-            format: spec.format,
+            format: spec.format.to_abi(),
             model_id: model_id.as_ptr(),
             model_dir: model_dir.as_ptr(),
             primary_file: primary.as_ptr(),
@@ -359,7 +355,9 @@ impl EngineInstance {
         self.check(unsafe { (self.plugin.exports.unload_model)(self.raw(), model_id.as_ptr()) })
     }
 
-    pub fn model_info(&self, model_id: &str) -> Result<serde_json::Value, CallError> {
+    /// What the engine reports about a loaded model; a document that does not parse is an
+    /// error naming the key, never a silently empty field.
+    pub fn model_info(&self, model_id: &str) -> Result<ModelInfo, CallError> {
         let model_id = cstring(model_id, "model_id")?;
         let mut buf = Vec::<u8>::new();
         self.check(unsafe {
@@ -370,7 +368,10 @@ impl EngineInstance {
                 &mut buf as *mut _ as *mut c_void,
             )
         })?;
-        parse_json_reply(&buf, "llmr_engine_model_info")
+        ModelInfo::from_json(&buf).map_err(|e| CallError {
+            status: EngineStatus::Internal,
+            message: format!("llmr_engine_model_info returned an unusable document: {e}"),
+        })
     }
 
     pub fn metrics(&self) -> Result<serde_json::Value, CallError> {
@@ -422,11 +423,12 @@ impl EngineInstance {
         F: FnMut(&TokenEvent<'_>) -> bool,
     {
         let model_id = cstring(params.model_id, "model_id")?;
-        let stops: Vec<abi::llmr_str> = params.stop.iter().map(|s| abi_str(s)).collect();
+        let s = &params.sampling;
+        let stops: Vec<abi::llmr_str> = s.stop.iter().map(|s| abi_str(s)).collect();
         let mut flags = 0;
         for (on, bit) in [
-            (params.seed.is_some(), abi::LLMR_INFER_SEED_SET),
-            (params.logprobs.is_some(), abi::LLMR_INFER_LOGPROBS),
+            (s.seed.is_some(), abi::LLMR_INFER_SEED_SET),
+            (s.logprobs.is_some(), abi::LLMR_INFER_LOGPROBS),
             (params.parse_special, abi::LLMR_INFER_PARSE_SPECIAL),
             (params.add_bos, abi::LLMR_INFER_ADD_BOS),
             (params.ignore_eos, abi::LLMR_INFER_IGNORE_EOS),
@@ -441,18 +443,18 @@ impl EngineInstance {
             request_id: params.request_id,
             model_id: model_id.as_ptr(),
             prompt: abi_str(params.prompt),
-            max_tokens: params.max_tokens.unwrap_or(0),
-            top_k: params.top_k.unwrap_or(0),
-            temperature: params.temperature,
-            top_p: params.top_p,
-            min_p: params.min_p,
-            repeat_penalty: params.repeat_penalty,
-            presence_penalty: params.presence_penalty,
-            frequency_penalty: params.frequency_penalty,
-            seed: params.seed.unwrap_or(0),
+            max_tokens: s.max_tokens.unwrap_or(0),
+            top_k: s.top_k.unwrap_or(0),
+            temperature: s.temperature,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repeat_penalty,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            seed: s.seed.unwrap_or(0),
             stop: if stops.is_empty() { std::ptr::null() } else { stops.as_ptr() },
             stop_count: stops.len(),
-            top_logprobs: params.logprobs.unwrap_or(0),
+            top_logprobs: s.logprobs.unwrap_or(0),
         };
         let mut state = CallbackState { f: on_token, panic: None };
         let mut result = abi::llmr_infer_result {

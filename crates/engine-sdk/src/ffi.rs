@@ -6,6 +6,7 @@
 use crate::types::*;
 use crate::{Engine, EngineError, ErrorCode};
 use llmr_engine_abi as abi;
+use llmr_engine_types::{Format, Sampling};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -225,8 +226,11 @@ pub unsafe fn load_model<E: Engine>(
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
         let d = read_sized(desc, "desc")?;
+        let format = Format::from_abi(d.format).ok_or_else(|| {
+            EngineError::new(ErrorCode::Unsupported, format!("model format {} is unknown to this plugin", d.format))
+        })?;
         let desc = ModelDesc {
-            format: d.format,
+            format,
             model_id: req_cstr(d.model_id, "desc.model_id")?.to_owned(),
             model_dir: PathBuf::from(req_cstr(d.model_dir, "desc.model_dir")?),
             primary_file: PathBuf::from(req_cstr(d.primary_file, "desc.primary_file")?),
@@ -252,6 +256,7 @@ pub unsafe fn model_info<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let info = instance::<E>(engine)?.engine.model_info(req_cstr(model_id, "model_id")?)?;
+        let info = serde_json::to_value(&info).map_err(|e| EngineError::internal(format!("model_info: {e}")))?;
         write_json(&info, write, user_data)
     })
 }
@@ -302,17 +307,19 @@ pub unsafe fn infer<E: Engine>(
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
             prompt: abi_str(r.prompt, "request.prompt")?,
-            max_tokens: (r.max_tokens > 0).then_some(r.max_tokens),
-            top_k: (r.top_k > 0).then_some(r.top_k),
-            temperature: r.temperature,
-            top_p: r.top_p,
-            min_p: r.min_p,
-            repeat_penalty: r.repeat_penalty,
-            presence_penalty: r.presence_penalty,
-            frequency_penalty: r.frequency_penalty,
-            seed: (r.flags & abi::LLMR_INFER_SEED_SET != 0).then_some(r.seed),
-            stop: abi_str_array(r.stop, r.stop_count, "request.stop")?,
-            logprobs: (r.flags & abi::LLMR_INFER_LOGPROBS != 0).then_some(r.top_logprobs.min(20)),
+            sampling: Sampling {
+                max_tokens: (r.max_tokens > 0).then_some(r.max_tokens),
+                top_k: (r.top_k > 0).then_some(r.top_k),
+                temperature: r.temperature,
+                top_p: r.top_p,
+                min_p: r.min_p,
+                repeat_penalty: r.repeat_penalty,
+                presence_penalty: r.presence_penalty,
+                frequency_penalty: r.frequency_penalty,
+                seed: (r.flags & abi::LLMR_INFER_SEED_SET != 0).then_some(r.seed),
+                stop: abi_str_array(r.stop, r.stop_count, "request.stop")?.into_iter().map(str::to_owned).collect(),
+                logprobs: (r.flags & abi::LLMR_INFER_LOGPROBS != 0).then_some(r.top_logprobs.min(20)),
+            },
             parse_special: r.flags & abi::LLMR_INFER_PARSE_SPECIAL != 0,
             add_bos: r.flags & abi::LLMR_INFER_ADD_BOS != 0,
             ignore_eos: r.flags & abi::LLMR_INFER_IGNORE_EOS != 0,

@@ -24,6 +24,7 @@ mod types;
 
 pub use error::{EngineError, ErrorCode};
 pub use llmr_engine_abi as abi;
+pub use llmr_engine_types::{Capability, Format, ModelInfo, Sampling};
 pub use serde_json;
 pub use types::*;
 
@@ -41,8 +42,8 @@ pub trait Engine: Send + Sync + Sized + 'static {
 
     fn unload_model(&self, model_id: &str) -> Result<(), EngineError>;
 
-    /// A JSON object describing a loaded model (keys listed in the header).
-    fn model_info(&self, model_id: &str) -> Result<serde_json::Value, EngineError> {
+    /// What the host may know about a loaded model (the keys the header lists).
+    fn model_info(&self, model_id: &str) -> Result<ModelInfo, EngineError> {
         let _ = model_id;
         Err(EngineError::unsupported("model_info"))
     }

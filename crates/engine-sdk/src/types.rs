@@ -4,6 +4,7 @@
 //! only usable on the thread and during the call that received them, as the header requires.
 
 use llmr_engine_abi as abi;
+use llmr_engine_types::{Format, Sampling};
 use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
 
@@ -79,7 +80,7 @@ pub struct EngineConfig {
 /// `llmr_model_desc`, owned.
 #[derive(Clone, Debug)]
 pub struct ModelDesc {
-    pub format: u32,
+    pub format: Format,
     pub model_id: String,
     pub model_dir: PathBuf,
     pub primary_file: PathBuf,
@@ -98,20 +99,7 @@ pub struct InferRequest<'a> {
     pub request_id: u64,
     pub model_id: &'a str,
     pub prompt: &'a str,
-    /// `None` = until the context is full.
-    pub max_tokens: Option<u32>,
-    /// `None` = disabled.
-    pub top_k: Option<u32>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    pub stop: Vec<&'a str>,
-    /// `Some(n)`: report the chosen token's logprob and `n` alternatives.
-    pub logprobs: Option<u32>,
+    pub sampling: Sampling,
     pub parse_special: bool,
     pub add_bos: bool,
     pub ignore_eos: bool,

@@ -4,56 +4,8 @@ use crate::error::StoreError;
 use crate::gguf::{GgufHeader, PoolingType};
 use crate::layout::{self, DirListing, GgufFiles};
 use crate::safetensors::SafetensorsModel;
-use std::fmt;
+pub use llmr_engine_types::{Capability, Format};
 use std::path::{Path, PathBuf};
-
-/// Weight formats, named as in plugin manifests' `formats`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Format {
-    Gguf,
-    Safetensors,
-    Onnx,
-}
-
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gguf => "gguf",
-            Self::Safetensors => "safetensors",
-            Self::Onnx => "onnx",
-        }
-    }
-}
-
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a model can serve, named as in plugin manifests' `modalities`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Capability {
-    Text,
-    Embedding,
-    Vision,
-}
-
-impl Capability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Text => "text",
-            Self::Embedding => "embedding",
-            Self::Vision => "vision",
-        }
-    }
-}
-
-impl fmt::Display for Capability {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelDescriptor {
@@ -100,6 +52,7 @@ pub fn runtime_for(format: Format, architecture: &str) -> &'static str {
     match format {
         Format::Gguf => "LlamaCpp",
         Format::Onnx => "OnnxRuntime",
+        Format::Ggml => "WhisperCpp",
         Format::Safetensors if arch.starts_with("gpt_oss") || arch.starts_with("gpt-oss") => "GptOssCpp",
         Format::Safetensors if arch.starts_with("nemotron") => "NemotronCpp",
         // Spec 000 names no general safetensors runtime; DESIGN.md plans an `engines/native` one.

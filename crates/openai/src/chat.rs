@@ -4,8 +4,18 @@
 use crate::common::{Logprobs, StreamOptions, Usage};
 use crate::sampling::{Sampling, SamplingWire, StopWire};
 use crate::ApiError;
-use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, Role, Tool, ToolCall};
 use serde::{Deserialize, Serialize};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
 
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
@@ -90,7 +100,7 @@ pub enum WirePart {
     File { file: serde_json::Value },
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WireImageUrl {
     pub url: String,
 }
@@ -152,12 +162,49 @@ pub enum ToolChoice {
     Function(String),
 }
 
-/// A validated chat request, in the terms the template and the engine use.
+/// A validated message: content parts that are all text are joined into one text (as vLLM and
+/// llama.cpp do: most templates concatenate `message.content` and fail on a list).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: Option<MessageContent>,
+    /// The model's reasoning for an earlier assistant turn.
+    pub reasoning_content: Option<String>,
+    pub tool_calls: Vec<WireToolCall>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    /// At least one part is not text.
+    Parts(Vec<MessagePart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum MessagePart {
+    Text { text: String },
+    ImageUrl { image_url: WireImageUrl },
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionTool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON Schema of the arguments.
+    pub parameters: Option<serde_json::Value>,
+}
+
+/// A validated chat request.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub model: String,
-    pub messages: Vec<Message>,
-    pub tools: Vec<Tool>,
+    pub messages: Vec<ChatMessage>,
+    pub tools: Vec<FunctionTool>,
     pub tool_choice: ToolChoice,
     pub sampling: Sampling,
     pub stream: bool,
@@ -213,7 +260,7 @@ impl ChatCompletionRequest {
         if !any_text {
             return Err(ApiError::invalid("messages", "every message is empty; the prompt would be empty"));
         }
-        let tools: Vec<Tool> = self
+        let tools: Vec<FunctionTool> = self
             .tools
             .unwrap_or_default()
             .into_iter()
@@ -228,7 +275,11 @@ impl ChatCompletionRequest {
                 if t.function.name.trim().is_empty() {
                     return Err(ApiError::invalid(&format!("tools[{i}].function.name"), "must not be empty"));
                 }
-                Ok(Tool::function(t.function.name, t.function.description, t.function.parameters))
+                Ok(FunctionTool {
+                    name: t.function.name,
+                    description: t.function.description,
+                    parameters: t.function.parameters,
+                })
             })
             .collect::<Result<_, _>>()?;
         let tool_choice = match self.tool_choice {
@@ -246,7 +297,7 @@ impl ChatCompletionRequest {
                 }
             },
             Some(WireToolChoice::Named { function, .. }) => {
-                if !tools.iter().any(|t| t.function.name == function.name) {
+                if !tools.iter().any(|t| t.name == function.name) {
                     return Err(ApiError::invalid(
                         "tool_choice.function.name",
                         format!("`{}` is not one of the request's tools", function.name),
@@ -286,30 +337,28 @@ impl ChatCompletionRequest {
     }
 }
 
-fn has_text(m: &Message) -> bool {
+fn has_text(m: &ChatMessage) -> bool {
     match &m.content {
         None => false,
-        Some(Content::Text(t)) => !t.trim().is_empty(),
-        Some(Content::Parts(parts)) => parts.iter().any(|p| match p {
-            ContentPart::Text { text } => !text.trim().is_empty(),
-            _ => true,
+        Some(MessageContent::Text(t)) => !t.trim().is_empty(),
+        Some(MessageContent::Parts(parts)) => parts.iter().any(|p| match p {
+            MessagePart::Text { text } => !text.trim().is_empty(),
+            MessagePart::ImageUrl { .. } => true,
         }),
     }
 }
 
-fn convert_message(i: usize, m: WireMessage) -> Result<Message, ApiError> {
+fn convert_message(i: usize, m: WireMessage) -> Result<ChatMessage, ApiError> {
     let content = match m.content {
         None => None,
-        Some(WireContent::Text(t)) => Some(Content::Text(t)),
+        Some(WireContent::Text(t)) => Some(MessageContent::Text(t)),
         Some(WireContent::Parts(parts)) => {
             let mut out = Vec::with_capacity(parts.len());
             for (j, p) in parts.into_iter().enumerate() {
                 out.push(match p {
-                    WirePart::Text { text } => ContentPart::Text { text },
-                    WirePart::Refusal { refusal } => ContentPart::Text { text: refusal },
-                    WirePart::ImageUrl { image_url } => {
-                        ContentPart::ImageUrl { image_url: ImageUrl { url: image_url.url } }
-                    }
+                    WirePart::Text { text } => MessagePart::Text { text },
+                    WirePart::Refusal { refusal } => MessagePart::Text { text: refusal },
+                    WirePart::ImageUrl { image_url } => MessagePart::ImageUrl { image_url },
                     WirePart::InputAudio { .. } | WirePart::File { .. } => {
                         return Err(ApiError::invalid(
                             &format!("messages[{i}].content[{j}].type"),
@@ -318,33 +367,27 @@ fn convert_message(i: usize, m: WireMessage) -> Result<Message, ApiError> {
                     }
                 });
             }
-            // Text-only parts become one string, as vLLM and llama.cpp do: most templates
-            // concatenate `message.content` and fail on a list.
-            if out.iter().all(|p| matches!(p, ContentPart::Text { .. })) {
-                let texts: Vec<String> = out
-                    .into_iter()
-                    .map(|p| if let ContentPart::Text { text } = p { text } else { unreachable!() })
-                    .collect();
-                Some(Content::Text(texts.join("\n")))
-            } else {
-                Some(Content::Parts(out))
+            let texts: Option<Vec<&str>> = out
+                .iter()
+                .map(|p| match p {
+                    MessagePart::Text { text } => Some(text.as_str()),
+                    MessagePart::ImageUrl { .. } => None,
+                })
+                .collect();
+            match texts {
+                Some(texts) => Some(MessageContent::Text(texts.join("\n"))),
+                None => Some(MessageContent::Parts(out)),
             }
         }
     };
     if m.role == Role::Tool && m.tool_call_id.is_none() {
         return Err(ApiError::invalid(&format!("messages[{i}].tool_call_id"), "is required for a `tool` message"));
     }
-    let tool_calls = m
-        .tool_calls
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| ToolCall::from_json_arguments(Some(c.id), c.function.name, &c.function.arguments))
-        .collect();
-    Ok(Message {
+    Ok(ChatMessage {
         role: m.role,
         content,
         reasoning_content: m.reasoning_content,
-        tool_calls,
+        tool_calls: m.tool_calls.unwrap_or_default(),
         tool_call_id: m.tool_call_id,
         name: m.name,
     })
@@ -352,70 +395,88 @@ fn convert_message(i: usize, m: WireMessage) -> Result<Message, ApiError> {
 
 // ---- responses ----
 
-#[derive(Debug, Serialize)]
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatCompletion {
     pub id: String,
-    pub object: &'static str,
+    /// `chat.completion`
+    pub object: String,
     pub created: u64,
     pub model: String,
-    pub system_fingerprint: String,
+    #[serde(default)]
+    pub system_fingerprint: Option<String>,
     pub choices: Vec<ChatChoice>,
-    pub usage: Usage,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ChatChoice {
-    pub index: u32,
-    pub message: ResponseMessage,
-    pub logprobs: Option<Logprobs>,
-    pub finish_reason: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ResponseMessage {
-    pub role: &'static str,
-    pub content: Option<String>,
-    pub refusal: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<WireToolCall>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ChatCompletionChunk<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: &'a str,
-    pub system_fingerprint: &'a str,
-    pub choices: Vec<ChunkChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ResponseMessage,
+    #[serde(default)]
+    pub logprobs: Option<Logprobs>,
+    pub finish_reason: FinishReason,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResponseMessage {
+    pub role: Role,
+    pub content: Option<String>,
+    #[serde(default)]
+    pub refusal: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "crate::json::null_as_default")]
+    pub tool_calls: Vec<WireToolCall>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// `chat.completion.chunk`
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    #[serde(default)]
+    pub system_fingerprint: Option<String>,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
+    #[serde(default)]
     pub logprobs: Option<Logprobs>,
-    pub finish_reason: Option<&'static str>,
+    pub finish_reason: Option<FinishReason>,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Delta {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "crate::json::null_as_default")]
     pub tool_calls: Vec<ToolCallChunk>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolCallChunk {
     pub index: u32,
     pub id: String,
-    #[serde(rename = "type")]
-    pub kind: &'static str,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
     pub function: WireFunctionCall,
 }
 
@@ -441,8 +502,8 @@ mod tests {
             "logprobs":true,"top_logprobs":2,"stop":"\n"}"#)
         .unwrap();
         assert_eq!(r.messages.len(), 4);
-        assert_eq!(r.messages[1].content, Some(Content::Text("hi".into())));
-        assert_eq!(r.messages[2].tool_calls[0].function.arguments, serde_json::json!({"a": 1}));
+        assert_eq!(r.messages[1].content, Some(MessageContent::Text("hi".into())));
+        assert_eq!(r.messages[2].tool_calls[0].function.arguments, r#"{"a":1}"#);
         assert_eq!(r.tool_choice, ToolChoice::Function("f".into()));
         assert_eq!((r.sampling.max_tokens, r.sampling.logprobs), (Some(5), Some(2)));
         assert!(r.stream && r.include_usage);

@@ -9,16 +9,16 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptTokensDetails {
     /// Prompt tokens whose KV the engine reused from an earlier request.
     pub cached_tokens: u32,
@@ -44,22 +44,22 @@ pub struct TokenLogprob {
 }
 
 /// Chat logprobs: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Logprobs {
     pub content: Vec<LogprobEntry>,
     pub refusal: Option<Vec<LogprobEntry>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogprobEntry {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Vec<TopLogprobEntry>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TopLogprobEntry {
     pub token: String,
     pub logprob: f32,

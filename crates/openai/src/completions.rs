@@ -1,5 +1,6 @@
 //! `/v1/completions` (legacy text completion).
 
+use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
 use crate::sampling::{Sampling, SamplingWire, StopWire};
 use crate::ApiError;
@@ -130,28 +131,31 @@ impl CompletionRequest {
     }
 }
 
-#[derive(Debug, Serialize)]
-pub struct TextCompletion<'a> {
-    pub id: &'a str,
-    pub object: &'static str,
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TextCompletion {
+    pub id: String,
+    /// `text_completion`
+    pub object: String,
     pub created: u64,
-    pub model: &'a str,
-    pub system_fingerprint: &'a str,
+    pub model: String,
+    #[serde(default)]
+    pub system_fingerprint: Option<String>,
     pub choices: Vec<TextChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TextChoice {
     pub text: String,
     pub index: u32,
+    #[serde(default)]
     pub logprobs: Option<TextLogprobs>,
-    pub finish_reason: Option<&'static str>,
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// The legacy logprobs shape: parallel arrays.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TextLogprobs {
     pub tokens: Vec<String>,
     pub token_logprobs: Vec<f32>,

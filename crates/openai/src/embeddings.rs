@@ -79,22 +79,24 @@ impl EmbeddingRequest {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmbeddingList {
-    pub object: &'static str,
+    /// `list`
+    pub object: String,
     pub data: Vec<EmbeddingObject>,
     pub model: String,
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmbeddingObject {
-    pub object: &'static str,
+    /// `embedding`
+    pub object: String,
     pub index: u32,
     pub embedding: EmbeddingValue,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EmbeddingValue {
     Float(Vec<f32>),
@@ -114,7 +116,7 @@ impl EmbeddingValue {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: u32,
     pub total_tokens: u32,

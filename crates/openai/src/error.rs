@@ -2,7 +2,9 @@
 //!
 //! Every message names the field it is about (`param`), so a client can tell what to fix.
 
-use serde::Serialize;
+use axum_core::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -28,6 +30,25 @@ struct Inner<'a> {
     kind: &'a str,
     param: Option<&'a str>,
     code: Option<&'a str>,
+}
+
+/// An error body as another server sends it: OpenAI's shape, or `{"error": "text"}`.
+#[derive(Deserialize)]
+struct ReceivedBody {
+    error: ReceivedError,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ReceivedError {
+    Shaped {
+        message: String,
+        #[serde(default)]
+        param: Option<String>,
+        #[serde(default)]
+        code: Option<serde_json::Value>,
+    },
+    Text(String),
 }
 
 impl ApiError {
@@ -111,6 +132,45 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error another OpenAI-compatible server answered with `status` and `body`: its message,
+    /// param and code when the body has them, else the status alone.
+    pub fn from_body(status: u16, body: &[u8]) -> Self {
+        let mut e = Self::with_status(status, format!("HTTP {status}"));
+        match serde_json::from_slice::<ReceivedBody>(body).map(|b| b.error) {
+            Ok(ReceivedError::Shaped { message, param, code }) => {
+                e.message = message;
+                e.param = param;
+                e.code = code.map(|c| c.as_str().map_or_else(|| c.to_string(), str::to_owned));
+            }
+            Ok(ReceivedError::Text(message)) => e.message = message,
+            Err(_) => {
+                let text = String::from_utf8_lossy(body);
+                if !text.trim().is_empty() {
+                    e.message = format!("HTTP {status}: {}", text.trim());
+                }
+            }
+        }
+        e
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], self.to_json()).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the connection cannot serve another request:
+            // say so, or a client reusing it races the close (hyper's IncompleteMessage).
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}", self.status, self.message)
@@ -133,5 +193,25 @@ mod tests {
         assert!(v["error"]["code"].is_null());
         let v: serde_json::Value = serde_json::from_str(&ApiError::model_not_found("x").to_json()).unwrap();
         assert_eq!(v["error"]["code"], "model_not_found");
+    }
+
+    #[test]
+    fn a_received_body_gives_back_the_error() {
+        let sent = ApiError::invalid("top_k", "too big").with_code("x");
+        let got = ApiError::from_body(400, sent.to_json().as_bytes());
+        assert_eq!((got.status, got.kind, &got.message, &got.param, &got.code), (400, sent.kind, &sent.message, &sent.param, &sent.code));
+        assert_eq!(ApiError::from_body(503, br#"{"error":"overloaded"}"#).message, "overloaded");
+        assert_eq!(ApiError::from_body(502, b"bad gateway\n").message, "HTTP 502: bad gateway");
+        assert_eq!(ApiError::from_body(500, b"").message, "HTTP 500");
+        assert_eq!(ApiError::from_body(429, b"").kind, "invalid_request_error");
+    }
+
+    #[test]
+    fn responses_carry_status_retry_after_and_close_on_413() {
+        let r = ApiError::rate_limited("busy", 3).into_response();
+        assert_eq!((r.status(), r.headers()[header::RETRY_AFTER].to_str().unwrap()), (StatusCode::TOO_MANY_REQUESTS, "3"));
+        let r = ApiError::payload_too_large(10).into_response();
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        assert!(ApiError::server("x").into_response().headers().get(header::CONNECTION).is_none());
     }
 }

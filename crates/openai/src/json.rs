@@ -2,6 +2,7 @@
 
 use crate::ApiError;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 /// Parses a JSON request body. Malformed JSON names line and column; a wrong shape names the
 /// field path (`messages[0].role`), so a 400 always says where.
@@ -29,6 +30,16 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             }
         }
     }
+}
+
+/// Reads `null` as the type's default (clients send `"tool_calls": null` as often as they leave it
+/// out).
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 #[cfg(test)]

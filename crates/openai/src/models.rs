@@ -1,29 +1,31 @@
 //! `/v1/models` and `/v1/models/{id}`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelObject {
     pub id: String,
-    pub object: &'static str,
+    /// `model`
+    pub object: String,
     pub created: u64,
     pub owned_by: String,
 }
 
 impl ModelObject {
     pub fn new(id: impl Into<String>, created: u64) -> Self {
-        ModelObject { id: id.into(), object: "model", created, owned_by: "llmr".into() }
+        ModelObject { id: id.into(), object: "model".into(), created, owned_by: "llmr".into() }
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelList {
-    pub object: &'static str,
+    /// `list`
+    pub object: String,
     pub data: Vec<ModelObject>,
 }
 
 impl ModelList {
     pub fn new(data: Vec<ModelObject>) -> Self {
-        ModelList { object: "list", data }
+        ModelList { object: "list".into(), data }
     }
 }

@@ -3,9 +3,10 @@
 //! Ranges follow the OpenAI reference (spec 003 Part 4): temperature 0..2, top_p 0..1,
 //! penalties -2..2, max_tokens >= 1. `top_k`, `min_p` and `repeat_penalty` are the llama.cpp
 //! extensions most clients send; `top_k`'s upper bound (the vocabulary) is checked once the
-//! model is known, by [`Sampling::check_top_k`].
+//! model is known, by [`SamplingBounds::check_top_k`].
 
 use crate::ApiError;
+pub use llmr_engine_types::Sampling;
 use serde::Deserialize;
 
 /// `stop`: one string or a list of them.
@@ -34,42 +35,6 @@ pub struct SamplingWire {
     pub seed: Option<i64>,
     pub stop: Option<StopWire>,
     pub n: Option<i64>,
-}
-
-/// Validated sampling settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sampling {
-    /// `None`: until the context is full or the model stops.
-    pub max_tokens: Option<u32>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<u32>,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
-    /// `Some(n)`: return the chosen token's logprob and the `n` most likely alternatives.
-    pub logprobs: Option<u32>,
-}
-
-impl Default for Sampling {
-    fn default() -> Self {
-        Sampling {
-            max_tokens: None,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: None,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-            stop: Vec::new(),
-            logprobs: None,
-        }
-    }
 }
 
 fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64, default: f32) -> Result<f32, ApiError> {
@@ -127,9 +92,16 @@ impl SamplingWire {
     }
 }
 
-impl Sampling {
-    /// The bound on `top_k` that needs the model: 1..=vocabulary size.
-    pub fn check_top_k(&self, vocab_size: u32) -> Result<(), ApiError> {
+/// The bounds that need the model, checked once it is known.
+pub trait SamplingBounds {
+    /// `top_k` is 1..=vocabulary size.
+    fn check_top_k(&self, vocab_size: u32) -> Result<(), ApiError>;
+    /// A prompt that leaves no room to generate is a 400 with both numbers (OpenAI's wording).
+    fn check_context(&self, prompt_tokens: u32, context_length: u32, param: &str) -> Result<(), ApiError>;
+}
+
+impl SamplingBounds for Sampling {
+    fn check_top_k(&self, vocab_size: u32) -> Result<(), ApiError> {
         match self.top_k {
             Some(k) if k > vocab_size => Err(ApiError::invalid(
                 "top_k",
@@ -139,8 +111,7 @@ impl Sampling {
         }
     }
 
-    /// A prompt that leaves no room to generate is a 400 with both numbers (OpenAI's wording).
-    pub fn check_context(&self, prompt_tokens: u32, context_length: u32, param: &str) -> Result<(), ApiError> {
+    fn check_context(&self, prompt_tokens: u32, context_length: u32, param: &str) -> Result<(), ApiError> {
         let wanted = prompt_tokens as u64 + self.max_tokens.unwrap_or(1) as u64;
         if prompt_tokens >= context_length || wanted > context_length as u64 {
             let tail = match self.max_tokens {

@@ -1,5 +1,10 @@
-//! One Prometheus recorder per process. `llmr serve` runs the router and a node in one process,
-//! and the `metrics` facade has a single global recorder, so both install and render through here.
+//! What the router and the node share to be observed: one Prometheus recorder per process
+//! (`llmr serve` runs the router and a node in one process, and the `metrics` facade has a single
+//! global recorder, so both install and render through here) and request ids ([`request_id`]).
+#![forbid(unsafe_code)]
+
+pub mod request_id;
+pub use request_id::RequestId;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;

@@ -7,7 +7,7 @@
 
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
-    abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
+    abi, export_engine, Capability, ModelInfo, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
     EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
 };
 use std::collections::{HashMap, HashSet};
@@ -86,12 +86,19 @@ impl Engine for EchoEngine {
         }
     }
 
-    fn model_info(&self, model_id: &str) -> Result<serde_json::Value, EngineError> {
+    fn model_info(&self, model_id: &str) -> Result<ModelInfo, EngineError> {
         self.require_model(model_id)?;
-        Ok(serde_json::json!({
-            "architecture": "echo", "context_length": 4096, "vocab_size": 32002,
-            "embedding_length": EMBEDDING_DIM, "bos_token": "<s>", "eos_token": "</s>", "pooling": "mean"
-        }))
+        Ok(ModelInfo {
+            architecture: Some("echo".into()),
+            context_length: Some(4096),
+            vocab_size: Some(32002),
+            embedding_length: Some(EMBEDDING_DIM as u32),
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+            pooling: Some("mean".into()),
+            capabilities: vec![Capability::Text, Capability::Embedding],
+            ..ModelInfo::default()
+        })
     }
 
     fn tokenize(
@@ -182,12 +189,12 @@ impl EchoEngine {
     ) -> Result<InferOutcome, EngineError> {
         let start = Instant::now();
         let words: Vec<&str> = req.prompt.split_whitespace().collect();
-        let budget = req.max_tokens.map_or(words.len(), |m| (m as usize).min(words.len()));
+        let budget = req.sampling.max_tokens.map_or(words.len(), |m| (m as usize).min(words.len()));
         let delay = Duration::from_millis(self.token_delay_ms.load(Ordering::Relaxed));
-        let mut stops = StopMatcher::new(req.stop.iter().copied());
+        let mut stops = StopMatcher::new(req.sampling.stop.iter().map(String::as_str));
         let mut completion_tokens = 0u32;
         let mut finish = if budget < words.len() { FinishReason::Length } else { FinishReason::Stop };
-        let alternatives: Vec<String> = (0..req.logprobs.unwrap_or(0)).map(|i| format!(" alt{i}")).collect();
+        let alternatives: Vec<String> = (0..req.sampling.logprobs.unwrap_or(0)).map(|i| format!(" alt{i}")).collect();
         for (i, word) in words[..budget].iter().enumerate() {
             if cancelled.load(Ordering::SeqCst) {
                 finish = FinishReason::Cancelled;
@@ -209,7 +216,7 @@ impl EchoEngine {
             let token = Token {
                 token_id: word_id(word),
                 text: &text,
-                logprob: if req.logprobs.is_some() { -0.5 } else { 0.0 },
+                logprob: if req.sampling.logprobs.is_some() { -0.5 } else { 0.0 },
                 top: &top,
                 timestamp_ns: start.elapsed().as_nanos() as u64,
             };

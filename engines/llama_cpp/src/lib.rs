@@ -19,10 +19,9 @@ use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;
 use llmr_engine_sdk::{
     abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
-    EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
+    Capability, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, ModelInfo, Token, TokenSink, TopLogprob,
 };
 use model::ModelMeta;
-use sampling::SamplingParams;
 use scheduler::{Command, Event, Job, Stats};
 use settings::{Change, ContextSettings, KvType, StepSettings};
 use std::collections::HashMap;
@@ -195,20 +194,9 @@ impl LlamaCppEngine {
         let (tx, rx) = mpsc::channel();
         let job = Job {
             request_id: req.request_id,
-            max_tokens: req.max_tokens.map_or(room, |m| m.min(room)),
-            sampling: SamplingParams {
-                temperature: req.temperature,
-                top_p: req.top_p,
-                top_k: req.top_k,
-                min_p: req.min_p,
-                repeat_penalty: req.repeat_penalty,
-                presence_penalty: req.presence_penalty,
-                frequency_penalty: req.frequency_penalty,
-                seed: req.seed,
-            },
-            stop: req.stop.iter().map(|s| s.to_string()).collect(),
+            max_tokens: req.sampling.max_tokens.map_or(room, |m| m.min(room)),
+            sampling: req.sampling.clone(),
             ignore_eos: req.ignore_eos,
-            top_logprobs: req.logprobs,
             tokens,
             events: tx,
             cancel: cancel.clone(),
@@ -351,27 +339,33 @@ impl Engine for LlamaCppEngine {
         Ok(())
     }
 
-    fn model_info(&self, model_id: &str) -> Result<serde_json::Value, EngineError> {
+    fn model_info(&self, model_id: &str) -> Result<ModelInfo, EngineError> {
         let m = self.model(model_id)?;
         let s = *m.settings.lock().unwrap();
-        Ok(serde_json::json!({
-            "architecture": m.meta.architecture,
-            "context_length": s.ctx_per_seq,
-            "train_context_length": m.meta.train_ctx,
-            "vocab_size": m.meta.n_vocab,
-            "embedding_length": m.meta.n_embd,
-            "bos_token": m.meta.bos_token,
-            "eos_token": m.meta.eos_token,
-            "chat_template": m.meta.chat_template,
-            "pooling": model::pooling_name(m.meta.pooling),
-            "quantization": m.quantization,
-            "size_bytes": m.meta.size_bytes,
-            "parameters": m.meta.n_params,
-            "slots": s.slots,
-            "kv_cache_type": s.kv_type.name(),
-            "threads": s.threads,
-            "capabilities": if m.meta.is_encoder { vec!["embedding"] } else { vec!["text", "embedding"] },
-        }))
+        let mut extra = serde_json::Map::new();
+        extra.insert("kv_cache_type".into(), s.kv_type.name().into());
+        extra.insert("threads".into(), s.threads.into());
+        Ok(ModelInfo {
+            architecture: Some(m.meta.architecture.clone()),
+            context_length: Some(s.ctx_per_seq),
+            train_context_length: Some(m.meta.train_ctx),
+            vocab_size: Some(m.meta.n_vocab.max(0) as u32),
+            embedding_length: Some(m.meta.n_embd.max(0) as u32),
+            bos_token: m.meta.bos_token.clone(),
+            eos_token: m.meta.eos_token.clone(),
+            chat_template: m.meta.chat_template.clone(),
+            pooling: Some(model::pooling_name(m.meta.pooling).into()),
+            quantization: m.quantization.clone(),
+            size_bytes: Some(m.meta.size_bytes),
+            parameters: Some(m.meta.n_params),
+            slots: Some(s.slots),
+            capabilities: if m.meta.is_encoder {
+                vec![Capability::Embedding]
+            } else {
+                vec![Capability::Text, Capability::Embedding]
+            },
+            extra,
+        })
     }
 
     fn tokenize(

@@ -5,22 +5,11 @@
 //! everything else goes through a llama.cpp sampler chain in llama-server's order.
 
 use crate::temperature::TemperatureSampler;
+use llmr_engine_sdk::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingParams {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<u32>,
-    pub min_p: f32,
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-}
 
 /// Tokens the repetition penalties look back over (llama.cpp's default).
 const PENALTY_LAST_N: i32 = 64;
@@ -29,10 +18,6 @@ pub enum TokenSampler {
     Argmax,
     Temperature(TemperatureSampler),
     Chain(LlamaSampler),
-}
-
-fn has_penalties(p: &SamplingParams) -> bool {
-    p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
 }
 
 /// A fresh seed per unseeded request: distinct across requests, not reproducible by design.
@@ -45,13 +30,13 @@ fn random_seed() -> u32 {
 }
 
 impl TokenSampler {
-    pub fn new(p: &SamplingParams, n_vocab: i32) -> Self {
+    pub fn new(p: &Sampling, n_vocab: i32) -> Self {
         let greedy = p.temperature <= 0.0 || p.top_k == Some(1);
-        if greedy && !has_penalties(p) {
+        if greedy && !p.has_penalties() {
             return Self::Argmax;
         }
         let mut chain = Vec::new();
-        if has_penalties(p) {
+        if p.has_penalties() {
             chain.push(LlamaSampler::penalties(
                 n_vocab,
                 PENALTY_LAST_N,
@@ -64,7 +49,7 @@ impl TokenSampler {
             chain.push(LlamaSampler::greedy());
             return Self::Chain(LlamaSampler::chain_simple(chain));
         }
-        if p.top_k.is_none() && !has_penalties(p) {
+        if p.top_k.is_none() && !p.has_penalties() {
             let seed = p.seed.unwrap_or_else(|| u64::from(random_seed()));
             return Self::Temperature(TemperatureSampler::new(p.temperature, p.top_p, p.min_p, seed));
         }

@@ -10,7 +10,8 @@
 
 use crate::pacing::Pacer;
 use crate::prefix_store::{common_prefix, PrefixStore};
-use crate::sampling::{logprobs, SamplingParams, TokenSampler};
+use crate::sampling::{logprobs, TokenSampler};
+use llmr_engine_sdk::Sampling;
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -35,11 +36,10 @@ mod prefixes;
 pub struct Job {
     pub request_id: u64,
     pub tokens: Vec<LlamaToken>,
+    /// The request's `max_tokens` capped by the room left in the sequence's context.
     pub max_tokens: u32,
-    pub sampling: SamplingParams,
-    pub stop: Vec<String>,
+    pub sampling: Sampling,
     pub ignore_eos: bool,
-    pub top_logprobs: Option<u32>,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
 }
@@ -373,7 +373,7 @@ impl<'m> Scheduler<'m> {
                 self.drop_idle(Some(target));
             }
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab());
-            let stops = StopMatcher::new(job.stop.iter().cloned());
+            let stops = StopMatcher::new(job.sampling.stop.iter().cloned());
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
             self.slots[target].active = Some(Active {
@@ -534,7 +534,7 @@ impl<'m> Scheduler<'m> {
         a.first_token.get_or_insert(now);
         a.generated += 1;
         self.stats.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
-        let (logprob, top) = match a.job.top_logprobs {
+        let (logprob, top) = match a.job.sampling.logprobs {
             None => (0.0, Vec::new()),
             Some(n) => {
                 let (lp, top) = logprobs(self.ctx.get_logits_ith(idx), token.0 as usize, n as usize);

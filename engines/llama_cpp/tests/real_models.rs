@@ -5,7 +5,7 @@
 
 use llmr_engine_host::{
     load_one, EngineInstance, EngineRegistry, EngineStatus, FinishReason, InferParams, InstanceConfig, Manifest,
-    ModelSpec,
+    ModelSpec, Sampling, Format,
 };
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -58,7 +58,7 @@ fn private_engine(slots: u32) -> EngineInstance {
     for (id, file) in [("smollm2", "smollm2-135m-instruct-q4_1.gguf"), ("minilm", "all-minilm-l6-v2-f16.gguf")] {
         let p = model_path(file);
         engine
-            .load_model(&ModelSpec { model_id: id.into(), primary_file: p.display().to_string(), ..Default::default() })
+            .load_model(&ModelSpec::new(id, Format::Gguf, p.display().to_string()))
             .unwrap();
     }
     engine
@@ -92,7 +92,7 @@ fn generate_on(
 
 fn greedy(id: u64, prompt: &str, max: u32) -> InferParams<'_> {
     let mut p = InferParams::greedy(id, "smollm2", prompt);
-    p.max_tokens = Some(max);
+    p.sampling.max_tokens = Some(max);
     p
 }
 
@@ -147,9 +147,8 @@ fn a_stop_sequence_spanning_tokens_ends_generation_and_is_not_returned() {
     assert!(words.len() > 8, "{full:?}");
     let stop = format!("{} {}", words[5], words[6]);
     let cut = full.find(&stop).unwrap();
-    let stops = vec![stop.clone()];
     let mut p = greedy(7, prompt, 40);
-    p.stop = &stops;
+    p.sampling.stop = vec![stop.clone()];
     let (text, _, res) = generate_on(&engine, &p);
     assert_eq!(res.finish_reason, FinishReason::Stop);
     assert_eq!(text, full[..cut], "stop {stop:?}");
@@ -163,16 +162,20 @@ fn the_same_seed_gives_the_same_sample() {
     // draw straight from the logits.
     for (top_k, top_p, id) in [(Some(40), 0.95, 8), (None, 1.0, 20)] {
         let mut p = InferParams::greedy(id, "smollm2", "Write a word:");
-        p.temperature = 0.9;
-        p.top_p = top_p;
-        p.top_k = top_k;
-        p.seed = Some(1234);
-        p.max_tokens = Some(24);
+        p.sampling.temperature = 0.9;
+        p.sampling.top_p = top_p;
+        p.sampling.top_k = top_k;
+        p.sampling.seed = Some(1234);
+        p.sampling.max_tokens = Some(24);
         let (a, _, _) = generate_on(&engine, &p);
         let (b, _, _) = generate_on(&engine, &InferParams { request_id: id + 1, ..p.clone() });
         assert_eq!(a, b, "top_k {top_k:?}, top_p {top_p}");
         let outputs: std::collections::HashSet<String> = (0..4)
-            .map(|i| generate_on(&engine, &InferParams { request_id: id + 2 + i, seed: Some(i), ..p.clone() }).0)
+            .map(|i| {
+                let mut q = InferParams { request_id: id + 2 + i, ..p.clone() };
+                q.sampling.seed = Some(i);
+                generate_on(&engine, &q).0
+            })
             .collect();
         assert!(outputs.len() > 1, "different seeds should differ: {outputs:?}");
     }
@@ -181,7 +184,7 @@ fn the_same_seed_gives_the_same_sample() {
 #[test]
 fn logprobs_are_real_log_probabilities_with_alternatives() {
     let mut p = greedy(20, CHAT, 5);
-    p.logprobs = Some(3);
+    p.sampling.logprobs = Some(3);
     let mut seen = Vec::new();
     engine()
         .infer(&p, |t| {
@@ -343,11 +346,7 @@ fn a_corrupt_or_foreign_file_is_refused_with_the_right_code_and_no_crash() {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
         let err = engine()
-            .load_model(&ModelSpec {
-                model_id: name.into(),
-                primary_file: path.display().to_string(),
-                ..Default::default()
-            })
+            .load_model(&ModelSpec::new(name, Format::Gguf, path.display().to_string()))
             .unwrap_err();
         assert_eq!(err.status, want, "{name}: {}", err.message);
         assert!(err.message.contains(name), "{name}: {}", err.message);
@@ -363,15 +362,15 @@ fn kv_cache_type_and_threads_change_at_run_time() {
             .unwrap();
     let p = model_path("smollm2-135m-instruct-q4_1.gguf");
     engine
-        .load_model(&ModelSpec { model_id: "m".into(), primary_file: p.display().to_string(), ..Default::default() })
+        .load_model(&ModelSpec::new("m", Format::Gguf, p.display().to_string()))
         .unwrap();
     engine.set_config(Some("m"), "kv_cache_type", &serde_json::json!("q8_0")).unwrap();
     engine.set_config(Some("m"), "threads", &serde_json::json!(1)).unwrap();
     let info = engine.model_info("m").unwrap();
-    assert_eq!((info["kv_cache_type"].as_str(), info["threads"].as_u64()), (Some("q8_0"), Some(1)));
+    assert_eq!((info.extra["kv_cache_type"].as_str(), info.extra["threads"].as_u64()), (Some("q8_0"), Some(1)));
     let mut text = String::new();
     let res = engine
-        .infer(&InferParams { max_tokens: Some(16), ..InferParams::greedy(1, "m", CHAT) }, |t| {
+        .infer(&InferParams::new(1, "m", CHAT, Sampling { max_tokens: Some(16), ..Sampling::greedy() }), |t| {
             text.push_str(&t.text);
             true
         })

@@ -158,10 +158,9 @@ fn stop_sequences_max_tokens_logprobs_and_usage_cross_the_abi() {
     install_echo(root.path());
     let plugin = single_plugin(root.path());
     let engine = instance_with_model(&plugin, root.path());
-    let stops = vec!["fox jumps".to_string()];
     let mut p = InferParams::greedy(8, "m", "the quick brown fox jumps over");
-    p.stop = &stops;
-    p.logprobs = Some(2);
+    p.sampling.stop = vec!["fox jumps".to_string()];
+    p.sampling.logprobs = Some(2);
     let mut text = String::new();
     let mut tops = Vec::new();
     let res = engine
@@ -179,7 +178,7 @@ fn stop_sequences_max_tokens_logprobs_and_usage_cross_the_abi() {
     assert_eq!(tops[0].1[1].text, " alt1");
 
     let mut p = InferParams::greedy(9, "m", "a b c d e");
-    p.max_tokens = Some(2);
+    p.sampling.max_tokens = Some(2);
     let res = engine.infer(&p, |_| true).unwrap();
     assert_eq!((res.completion_tokens, res.finish_reason), (2, FinishReason::Length));
 }

@@ -1,6 +1,6 @@
 //! Builds plugin folders in temporary engine roots.
 
-use llmr_engine_host::{EngineInstance, ModelSpec};
+use llmr_engine_host::{EngineInstance, Format, ModelSpec};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -83,6 +83,6 @@ pub fn dummy_model(dir: &Path) -> PathBuf {
 /// Loads `file` into `engine` under the id `m`, as every echo-plugin test does.
 pub fn load_as_m(engine: &EngineInstance, file: &Path) {
     engine
-        .load_model(&ModelSpec { model_id: "m".into(), primary_file: file.display().to_string(), ..Default::default() })
+        .load_model(&ModelSpec::new("m", Format::Gguf, file.display().to_string()))
         .unwrap();
 }
