@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llmr_engine_host::{
-    load_one, EngineInstance, Format, EngineRegistry, FinishReason, InferParams, InstanceConfig, Manifest, ModelSpec,
+    load_one, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InstanceConfig, Manifest, ModelSpec,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,17 +1,17 @@
 //! `llmr run MODEL PROMPT`: one chat turn against a local model, streamed to the terminal.
 //!
-//! The same path a node request takes, without HTTP: the model store describes the file, the
-//! registry picks the plugin from the model's own architecture, the model's chat template renders
-//! the message, and the plugin streams tokens.
+//! The node's own path without HTTP: the node's catalog picks the plugin from the model's own
+//! metadata and loads it, the model's chat template renders the message, and the generation
+//! streams tokens.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llmr_chat_template::{ChatTemplates, Message, RenderInput, SpecialTokens};
-use llmr_engine_host::{
-    abi, detect_gpu, discover, DiscoveryOptions, EngineInstance, EngineRegistry, InferParams, InstanceConfig,
-    ModelRequirements, ModelSpec,
-};
+use llmr_engine_host::{detect_gpu, Sampling};
 use llmr_model_store::{ModelDescriptor, ModelStore};
+use llmr_node::generation::{GenEvent, GenerationInput};
+use llmr_node::prompt::render_chat;
+use llmr_node::{Node, NodeConfig};
+use llmr_openai::{ChatMessage, ChatRequest, MessageContent, Role, ToolChoice};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -50,77 +50,88 @@ fn describe(model: &str) -> Result<ModelDescriptor> {
         .with_context(|| format!("model {model:?} is neither a file nor in the store"))
 }
 
+fn message(role: Role, text: &str) -> ChatMessage {
+    ChatMessage {
+        role,
+        content: Some(MessageContent::Text(text.to_owned())),
+        reasoning_content: None,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        name: None,
+    }
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     let desc = describe(&args.model)?;
-    let gpu = detect_gpu();
-    if gpu.is_none() {
+    let name = desc.name.clone();
+    if detect_gpu().is_none() {
         eprintln!("warning: no GPU found; running on CPU (supported for development, not recommended for serving)");
     }
-    let mut registry = EngineRegistry::new();
-    discover(&args.engines_dir, &DiscoveryOptions { gpu, allow_cpu: true }, &mut registry);
-    if registry.plugins().is_empty() {
-        bail!(
-            "no engine plugin loaded from {} (build and install them with scripts/install-engines; `llmr engines list` says why a plugin was refused)",
-            args.engines_dir.display()
-        );
-    }
-    let format = desc.format.as_str();
-    let plugin = registry.resolve(&ModelRequirements {
-        runtime: Some(&desc.runtime),
-        format,
-        architecture: &desc.architecture,
-        scores: None,
-    })?;
-    let engine =
-        EngineInstance::create(&plugin, &InstanceConfig { slots: 1, threads: args.threads, ..Default::default() })?;
-    let started = Instant::now();
-    engine.load_model(&ModelSpec {
-        model_id: desc.name.clone(),
-        format: abi::LLMR_FORMAT_GGUF,
-        model_dir: desc.model_dir.display().to_string(),
-        primary_file: desc.primary_file.display().to_string(),
-        architecture: Some(desc.architecture.clone()),
-        quantization: desc.quantization.clone(),
-        ..Default::default()
-    })?;
-    let info = engine.model_info(&desc.name)?;
-    if !info["capabilities"].as_array().is_some_and(|c| c.iter().any(|x| x == "text")) {
-        bail!("{} is an embedding model; it cannot chat", desc.name);
-    }
-    let text = |key: &str| info[key].as_str().map(str::to_owned);
-    let templates = ChatTemplates::from_sources(
-        text("chat_template").as_deref(),
-        None,
-        SpecialTokens { bos_token: text("bos_token"), eos_token: text("eos_token") },
-    )?;
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(Message::system(system.clone()));
-    }
-    messages.push(Message::user(args.prompt.clone()));
-    let prompt = templates.render(&RenderInput::new(&messages, true))?;
-    let mut params = InferParams::greedy(1, &desc.name, &prompt);
-    params.max_tokens = Some(args.max_tokens);
-    params.temperature = args.temperature;
-    params.seed = args.seed;
-    // The template already wrote any BOS it wants.
-    params.add_bos = false;
-    let mut out = std::io::stdout().lock();
-    let res = engine.infer(&params, |t| {
-        let _ = out.write_all(t.text.as_bytes());
-        let _ = out.flush();
-        true
-    })?;
-    writeln!(out)?;
-    eprintln!(
-        "[{} via {}: {} prompt tokens, {} generated ({:?}), {:.0} ms to first token from start, {:.1} tok/s]",
-        desc.name,
-        plugin.id(),
-        res.prompt_tokens,
-        res.completion_tokens,
-        res.finish_reason,
-        (started.elapsed().as_secs_f64() - res.generation_ns as f64 / 1e9) * 1e3,
-        res.completion_tokens.saturating_sub(1) as f64 / (res.generation_ns.max(1) as f64 / 1e9),
-    );
-    Ok(())
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let node = Node::new(NodeConfig {
+            engines_dir: args.engines_dir.clone(),
+            models: vec![desc.clone()],
+            slots: 1,
+            threads: args.threads,
+            cache_bytes: Some(0),
+            ..NodeConfig::default()
+        })?;
+        if !node.models().contains(&name) {
+            let reason = node.models().engine_for(desc.format, &desc.architecture).err();
+            bail!("no engine plugin can run {name}: {}", reason.map_or_else(|| "unknown".into(), |e| e.to_string()));
+        }
+        let started = Instant::now();
+        let model = node.models().get(&name).await?;
+        let engine = model.engine_id().to_owned();
+        let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| message(Role::System, s)).collect();
+        messages.push(message(Role::User, &args.prompt));
+        let sampling = Sampling {
+            max_tokens: Some(args.max_tokens),
+            temperature: args.temperature,
+            seed: args.seed,
+            ..Sampling::default()
+        };
+        let request = ChatRequest {
+            model: name.clone(),
+            messages,
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            sampling: sampling.clone(),
+            stream: true,
+            include_usage: false,
+            template_kwargs: Default::default(),
+        };
+        let (prompt, _) = render_chat(&model, &request)?;
+        let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };
+        let mut generation = node.generate(&model, input).await?;
+        let mut out = std::io::stdout().lock();
+        let (mut first, mut last) = (None, Instant::now());
+        while let Some(event) = generation.events.recv().await {
+            match event {
+                GenEvent::Piece(piece) => {
+                    last = Instant::now();
+                    first.get_or_insert(last);
+                    out.write_all(piece.text.as_bytes())?;
+                    out.flush()?;
+                }
+                GenEvent::Done(done) => {
+                    let f = done?;
+                    writeln!(out)?;
+                    let first = first.unwrap_or(last);
+                    let decode = last.duration_since(first).as_secs_f64().max(1e-9);
+                    eprintln!(
+                        "[{name} via {engine}: {} prompt tokens, {} generated ({}), {:.0} ms to first token from start, {:.1} tok/s]",
+                        f.prompt_tokens,
+                        f.completion_tokens,
+                        if f.stopped { "stop" } else { "length" },
+                        first.duration_since(started).as_secs_f64() * 1e3,
+                        f.completion_tokens.saturating_sub(1) as f64 / decode,
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        bail!("the engine stopped without finishing the answer")
+    })
 }

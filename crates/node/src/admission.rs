@@ -1,7 +1,7 @@
 //! Admission in front of an engine: up to `slots` requests run, up to `queue_limit` wait, and
 //! the next one is refused with 429 and Retry-After (spec 003: the queue is bounded).
 
-use llmr_openai::ApiError;
+use crate::error::NodeError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -37,22 +37,16 @@ impl Admission {
 
     /// Waits for a slot, or fails at once with 429 when the queue is full. A caller that goes
     /// away while waiting leaves the queue (the future is dropped).
-    pub async fn admit(&self) -> Result<SlotPermit, ApiError> {
+    pub async fn admit(&self) -> Result<SlotPermit, NodeError> {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             return Ok(permit);
         }
         let before = self.waiting.fetch_add(1, Ordering::Relaxed);
         let _guard = WaitingGuard(&self.waiting);
         if before >= self.queue_limit {
-            return Err(ApiError::rate_limited(
-                format!(
-                    "the server is busy: {} requests running and {} queued (the queue limit); retry shortly",
-                    self.total_slots, self.queue_limit
-                ),
-                1,
-            ));
+            return Err(NodeError::QueueFull { running: self.total_slots, queued: self.queue_limit });
         }
-        self.slots.clone().acquire_owned().await.map_err(|_| ApiError::unavailable("the model is being unloaded"))
+        self.slots.clone().acquire_owned().await.map_err(|_| NodeError::Unloading)
     }
 
     pub fn waiting(&self) -> usize {
@@ -82,7 +76,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let refused = a.admit().await.unwrap_err();
-        assert_eq!((refused.status, refused.retry_after), (429, Some(1)));
+        assert!(matches!(refused, NodeError::QueueFull { running: 1, queued: 1 }), "{refused}");
         drop(first);
         queued.await.unwrap().unwrap();
         assert_eq!((a.waiting(), a.busy()), (0, 0));

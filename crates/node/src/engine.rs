@@ -4,27 +4,15 @@
 //! `EngineInstance` (which owns the `unsafe`), so another kind of engine would only implement
 //! this trait.
 
-use llmr_engine_host::ModelSpec;
-use llmr_engine_host::{abi, CallError, EngineInstance, InferParams, InferResult, InstanceConfig, Plugin, TokenEvent};
-use llmr_model_store::{Format, ModelDescriptor};
+use llmr_engine_host::{
+    CallError, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec, Plugin, TokenEvent,
+};
+use llmr_model_store::ModelDescriptor;
 use std::sync::Arc;
 
-/// What the node needs to know about a loaded model, read once from the engine.
-#[derive(Debug, Clone, Default)]
-pub struct ModelInfo {
-    pub context_length: u32,
-    pub vocab_size: u32,
-    pub text: bool,
-    pub embedding: bool,
-    pub chat_template: Option<String>,
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
-    /// Requests the engine runs at once; the node queues the rest.
-    pub slots: u32,
-    pub architecture: String,
-}
-
 pub trait Engine: Send + Sync {
+    /// What the engine reported at load, with the node's defaults filled in: `slots` and
+    /// `architecture` are always set.
     fn info(&self) -> &ModelInfo;
     fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError>;
     /// Blocks until the generation ends; `on_token` returning false cancels it.
@@ -63,6 +51,18 @@ pub struct PluginEngine {
     info: ModelInfo,
 }
 
+/// The model as the ABI describes it: the one conversion from the store's descriptor.
+fn model_spec(desc: &ModelDescriptor, settings: &EngineSettings) -> ModelSpec {
+    ModelSpec {
+        model_dir: desc.model_dir.display().to_string(),
+        architecture: Some(desc.architecture.clone()),
+        quantization: desc.quantization.clone(),
+        mmproj_file: desc.mmproj.as_ref().map(|p| p.display().to_string()),
+        context_length: settings.context_length,
+        ..ModelSpec::new(desc.name.clone(), desc.format, desc.primary_file.display().to_string())
+    }
+}
+
 impl PluginEngine {
     /// Creates an instance of `plugin` and loads the model into it (blocking; seconds for big models).
     pub fn load(plugin: &Arc<Plugin>, desc: &ModelDescriptor, settings: &EngineSettings) -> Result<Self, CallError> {
@@ -76,40 +76,11 @@ impl PluginEngine {
                 ..Default::default()
             },
         )?;
-        instance.load_model(&ModelSpec {
-            model_id: desc.name.clone(),
-            format: match desc.format {
-                Format::Gguf => abi::LLMR_FORMAT_GGUF,
-                Format::Safetensors => abi::LLMR_FORMAT_SAFETENSORS,
-                Format::Onnx => abi::LLMR_FORMAT_ONNX,
-            },
-            model_dir: desc.model_dir.display().to_string(),
-            primary_file: desc.primary_file.display().to_string(),
-            architecture: Some(desc.architecture.clone()),
-            quantization: desc.quantization.clone(),
-            mmproj_file: desc.mmproj.as_ref().map(|p| p.display().to_string()),
-            context_length: settings.context_length,
-            ..Default::default()
-        })?;
-        let raw = instance.model_info(&desc.name)?;
-        let text = |k: &str| raw[k].as_str().map(str::to_owned);
-        let num = |k: &str| raw[k].as_u64().unwrap_or(0).min(u32::MAX as u64) as u32;
-        let caps: Vec<&str> =
-            raw["capabilities"].as_array().map(|a| a.iter().filter_map(|c| c.as_str()).collect()).unwrap_or_default();
-        let info = ModelInfo {
-            context_length: num("context_length"),
-            vocab_size: num("vocab_size"),
-            text: caps.contains(&"text"),
-            embedding: caps.contains(&"embedding"),
-            chat_template: text("chat_template"),
-            bos_token: text("bos_token"),
-            eos_token: text("eos_token"),
-            slots: match num("slots") {
-                0 => settings.slots.max(1),
-                n => n,
-            },
-            architecture: desc.architecture.clone(),
-        };
+        instance.load_model(&model_spec(desc, settings))?;
+        let mut info = instance.model_info(&desc.name)?;
+        // An engine that does not say how many requests it runs at once runs what it was asked to.
+        info.slots = Some(info.slots.filter(|&n| n > 0).unwrap_or(settings.slots.max(1)));
+        info.architecture = Some(desc.architecture.clone());
         Ok(PluginEngine { instance, model_id: desc.name.clone(), info })
     }
 }

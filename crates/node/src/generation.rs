@@ -1,5 +1,5 @@
 //! One generation, from admission to the last token: runs the engine on a blocking thread and
-//! hands its tokens to the async handler through a channel.
+//! hands its tokens to the async caller through a channel.
 //!
 //! Cancellation has two paths, both needed: a dropped receiver (the client went away) makes the
 //! next token callback return false, which stops decoding at once; dropping the [`Generation`]
@@ -8,14 +8,36 @@
 
 use crate::admission::SlotPermit;
 use crate::cache::{CacheKey, CachedGeneration, GenerationCache};
+use crate::error::NodeError;
 use crate::metrics as m;
 use crate::models::LoadedModel;
-use llmr_engine_host::{CallError, FinishReason, InferParams};
-use llmr_openai::{ApiError, Sampling, TokenLogprob};
+use llmr_engine_host::{FinishReason, InferParams, Sampling, TokenLogprob};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
+
+/// A prompt as the engine receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: String,
+    /// Add the model's BOS token (a raw prompt); a chat template writes its own.
+    pub add_bos: bool,
+    /// Special tokens written in the text are tokens, not text.
+    pub parse_special: bool,
+}
+
+impl Prompt {
+    /// A prompt rendered by a chat template (which writes any BOS itself).
+    pub fn rendered(text: String) -> Self {
+        Prompt { text, add_bos: false, parse_special: true }
+    }
+
+    /// A raw prompt, as llama-server takes it: the model's BOS, and special tokens honoured.
+    pub fn raw(text: String) -> Self {
+        Prompt { text, add_bos: true, parse_special: true }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Piece {
@@ -35,23 +57,24 @@ pub struct Finished {
 #[derive(Debug)]
 pub enum GenEvent {
     Piece(Piece),
-    Done(Result<Finished, ApiError>),
+    Done(Result<Finished, NodeError>),
 }
 
 /// What to generate from.
 pub struct GenerationInput {
-    pub prompt: String,
+    pub prompt: Prompt,
     pub sampling: Sampling,
-    pub add_bos: bool,
-    pub parse_special: bool,
+    /// The endpoint, for metric labels.
     pub endpoint: &'static str,
     pub arrived: Instant,
 }
 
-/// A running (or replayed) generation. Dropping it early cancels the engine work.
+/// A running (or replayed) generation. Dropping it early cancels the engine work; it holds the
+/// model, so the engine lives until the generation is dropped.
 pub struct Generation {
     pub events: mpsc::UnboundedReceiver<GenEvent>,
     _cancel: Option<CancelOnDrop>,
+    _model: Arc<LoadedModel>,
 }
 
 struct CancelOnDrop {
@@ -70,57 +93,58 @@ impl Drop for CancelOnDrop {
 
 static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
-pub fn engine_error(e: CallError) -> ApiError {
-    ApiError::with_status(e.status.http_status(), e.message).with_code(e.status.code())
-}
-
 /// Prompt tokens as the engine counts them (for the context check before admission).
-pub async fn count_tokens(
-    model: &Arc<LoadedModel>,
-    prompt: &str,
-    add_bos: bool,
-    parse_special: bool,
-) -> Result<u32, ApiError> {
+pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u32, NodeError> {
     let model = model.clone();
-    let prompt = prompt.to_owned();
-    tokio::task::spawn_blocking(move || model.engine.tokenize(&prompt, add_bos, parse_special))
+    let prompt = prompt.clone();
+    tokio::task::spawn_blocking(move || model.engine.tokenize(&prompt.text, prompt.add_bos, prompt.parse_special))
         .await
-        .map_err(|e| ApiError::server(format!("tokenizer panicked: {e}")))?
+        .map_err(|e| NodeError::Internal(format!("tokenizer panicked: {e}")))?
         .map(|t| t.len() as u32)
-        .map_err(engine_error)
+        .map_err(NodeError::Engine)
 }
 
-/// The settings besides the prompt that decide a greedy output, for the cache key.
-fn settings_key(s: &Sampling, add_bos: bool, parse_special: bool) -> String {
+/// The settings besides the prompt text that decide a greedy output, for the cache key.
+fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
     format!(
-        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={add_bos} special={parse_special}",
-        s.max_tokens, s.top_k, s.top_p, s.min_p, s.repeat_penalty, s.presence_penalty, s.frequency_penalty, s.stop
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={}",
+        s.max_tokens,
+        s.top_k,
+        s.top_p,
+        s.min_p,
+        s.repeat_penalty,
+        s.presence_penalty,
+        s.frequency_penalty,
+        s.stop,
+        prompt.add_bos,
+        prompt.parse_special
     )
 }
 
 /// Starts a request's generation: a temperature-0 request already answered is replayed from the
-/// cache (no slot taken); anything else waits for a slot (or gets 429) and runs.
+/// cache (no slot taken); anything else waits for a slot (or is refused when the queue is full)
+/// and runs.
 pub async fn begin(
     model: &Arc<LoadedModel>,
     cache: &Arc<GenerationCache>,
     input: GenerationInput,
-) -> Result<Generation, ApiError> {
+) -> Result<Generation, NodeError> {
     let s = &input.sampling;
     let key = (s.temperature == 0.0 && s.logprobs.is_none() && cache.enabled()).then(|| CacheKey {
         model: model.name.clone(),
-        prompt: input.prompt.clone(),
-        settings: settings_key(s, input.add_bos, input.parse_special),
+        prompt: input.prompt.text.clone(),
+        settings: settings_key(s, &input.prompt),
     });
     if let Some(hit) = key.as_ref().and_then(|k| cache.get(k)) {
         metrics::counter!(m::CACHE_HITS, "model" => model.name.clone()).increment(1);
-        return Ok(replay(hit));
+        return Ok(replay(model.clone(), hit));
     }
     let permit = model.admission.admit().await?;
     Ok(start(model.clone(), permit, input, key.map(|k| (cache.clone(), k))))
 }
 
 /// Replays a cached answer as if it were generated.
-fn replay(hit: CachedGeneration) -> Generation {
+fn replay(model: Arc<LoadedModel>, hit: CachedGeneration) -> Generation {
     let (tx, rx) = mpsc::unbounded_channel();
     for text in hit.pieces {
         let _ = tx.send(GenEvent::Piece(Piece { text, logprob: None }));
@@ -131,7 +155,7 @@ fn replay(hit: CachedGeneration) -> Generation {
         completion_tokens: hit.completion_tokens,
         cached_tokens: hit.prompt_tokens,
     })));
-    Generation { events: rx, _cancel: None }
+    Generation { events: rx, _cancel: None, _model: model }
 }
 
 /// Starts generating on a blocking thread; the permit is held until the engine returns.
@@ -145,40 +169,35 @@ fn start(
     let request_id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
     let finished = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop { model: model.clone(), request_id, finished: finished.clone() };
+    let engine_model = model.clone();
+    // The request's span (its id, model, engine), so the engine thread's logs name the request.
+    let span = tracing::Span::current();
     tokio::task::spawn_blocking(move || {
+        let _span = span.enter();
         let _permit = permit;
-        let s = &input.sampling;
+        let model = engine_model;
+        let GenerationInput { prompt, sampling, endpoint, arrived } = input;
         let params = InferParams {
-            max_tokens: s.max_tokens,
-            top_k: s.top_k,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repeat_penalty: s.repeat_penalty,
-            presence_penalty: s.presence_penalty,
-            frequency_penalty: s.frequency_penalty,
-            seed: s.seed,
-            stop: &s.stop,
-            logprobs: s.logprobs,
-            parse_special: input.parse_special,
-            add_bos: input.add_bos,
-            ..InferParams::greedy(request_id, &model.name, &input.prompt)
+            parse_special: prompt.parse_special,
+            add_bos: prompt.add_bos,
+            ..InferParams::new(request_id, &model.name, &prompt.text, sampling)
         };
-        let labels = [("model", model.name.clone()), ("endpoint", input.endpoint.to_owned())];
+        let want_logprobs = params.sampling.logprobs.is_some();
+        let labels = [("model", model.name.clone()), ("endpoint", endpoint.to_owned())];
         let mut first: Option<Instant> = None;
-        let mut last = input.arrived;
+        let mut last = arrived;
         let mut pieces: Option<Vec<String>> = cache.as_ref().map(|_| Vec::new());
         let result = model.engine.generate(&params, &mut |ev| {
             let now = Instant::now();
             match first {
                 None => {
                     first = Some(now);
-                    metrics::histogram!(m::TTFT, &labels).record(now.duration_since(input.arrived).as_secs_f64());
+                    metrics::histogram!(m::TTFT, &labels).record(now.duration_since(arrived).as_secs_f64());
                 }
                 Some(_) => metrics::histogram!(m::INTER_TOKEN, &labels).record(now.duration_since(last).as_secs_f64()),
             }
             last = now;
-            let logprob = params.logprobs.map(|_| TokenLogprob {
+            let logprob = want_logprobs.then(|| TokenLogprob {
                 text: ev.text.to_string(),
                 logprob: ev.logprob,
                 top: ev.top.iter().map(|t| (t.text.clone(), t.logprob)).collect(),
@@ -194,7 +213,7 @@ fn start(
             Ok(r) => {
                 metrics::counter!(m::PROMPT_TOKENS, &labels).increment(r.prompt_tokens as u64);
                 metrics::counter!(m::GENERATED_TOKENS, &labels).increment(r.completion_tokens as u64);
-                metrics::histogram!(m::REQUEST_DURATION, &labels).record(input.arrived.elapsed().as_secs_f64());
+                metrics::histogram!(m::REQUEST_DURATION, &labels).record(arrived.elapsed().as_secs_f64());
                 if r.completion_tokens > 1 && r.generation_ns > 0 {
                     let rate = (r.completion_tokens - 1) as f64 / (r.generation_ns as f64 / 1e9);
                     metrics::histogram!(m::DECODE_RATE, &labels).record(rate);
@@ -220,11 +239,14 @@ fn start(
                     cached_tokens: r.cached_tokens,
                 })
             }
-            Err(e) => Err(engine_error(e)),
+            Err(e) => {
+                tracing::warn!(model = %model.name, "generation failed: {e}");
+                Err(NodeError::Engine(e))
+            }
         };
         let _ = tx.send(GenEvent::Done(done));
     });
-    Generation { events: rx, _cancel: Some(guard) }
+    Generation { events: rx, _cancel: Some(guard), _model: model }
 }
 
 /// The whole generation, collected (non-streaming responses).
@@ -234,7 +256,7 @@ pub struct Collected {
     pub finished: Finished,
 }
 
-pub async fn collect(mut generation: Generation) -> Result<Collected, ApiError> {
+pub async fn collect(mut generation: Generation) -> Result<Collected, NodeError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
     while let Some(ev) = generation.events.recv().await {
@@ -246,5 +268,5 @@ pub async fn collect(mut generation: Generation) -> Result<Collected, ApiError> 
             GenEvent::Done(done) => return done.map(|finished| Collected { text, logprobs, finished }),
         }
     }
-    Err(ApiError::server("the engine stopped without finishing the request"))
+    Err(NodeError::Internal("the engine stopped without finishing the request".into()))
 }

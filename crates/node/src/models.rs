@@ -11,10 +11,10 @@
 
 use crate::admission::Admission;
 use crate::engine::{Engine, EngineSettings, PluginEngine};
+use crate::error::NodeError;
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
-use llmr_engine_host::{EngineRegistry, ModelRequirements, Plugin, ResolveError};
+use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, ResolveError};
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
-use llmr_openai::ApiError;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -44,12 +44,27 @@ pub struct LoadedModel {
     pub admission: Admission,
     /// Bytes the budget counts for this model.
     pub footprint: u64,
+    engine_id: String,
     last_used: Mutex<Instant>,
 }
 
 impl LoadedModel {
     pub fn touch(&self) {
         *self.last_used.lock().unwrap() = Instant::now();
+    }
+
+    /// Fails unless the model can do what a request needs.
+    pub fn require(&self, capability: Capability) -> Result<(), NodeError> {
+        if self.engine.info().has(capability) {
+            Ok(())
+        } else {
+            Err(NodeError::Incapable { model: self.name.clone(), needs: capability })
+        }
+    }
+
+    /// The plugin's engine id (`llama_cpp`, ...), for logs and spans.
+    pub fn engine_id(&self) -> &str {
+        &self.engine_id
     }
 }
 
@@ -182,8 +197,8 @@ impl ModelManager {
     }
 
     /// The model, loading it first if needed.
-    pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, ApiError> {
-        let entry = self.entry(name).ok_or_else(|| ApiError::model_not_found(name))?;
+    pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, NodeError> {
+        let entry = self.entry(name).ok_or_else(|| NodeError::ModelNotFound(name.to_owned()))?;
         if let Some(m) = entry.current() {
             m.touch();
             return Ok(m);
@@ -201,13 +216,10 @@ impl ModelManager {
         let started = Instant::now();
         let engine = tokio::task::spawn_blocking(move || PluginEngine::load(&plugin, &desc, &settings))
             .await
-            .map_err(|e| ApiError::server(format!("model load panicked: {e}")))?
-            .map_err(|e| {
-                ApiError::with_status(e.status.http_status(), format!("loading model `{name}` failed: {}", e.message))
-                    .with_code(e.status.code())
-            })?;
+            .map_err(|e| NodeError::Internal(format!("model load panicked: {e}")))?
+            .map_err(|error| NodeError::LoadFailed { model: name.to_owned(), error })?;
         let info = engine.info().clone();
-        let templates = if info.text {
+        let templates = if info.has(Capability::Text) {
             let tokens = SpecialTokens { bos_token: info.bos_token.clone(), eos_token: info.eos_token.clone() };
             match ChatTemplates::from_sources(info.chat_template.as_deref(), None, tokens.clone()) {
                 Ok(t) => Some(t),
@@ -227,7 +239,8 @@ impl ModelManager {
         );
         let loaded = Arc::new(LoadedModel {
             name: name.to_owned(),
-            admission: Admission::new(info.slots, self.policy.queue_limit),
+            admission: Admission::new(info.slots.unwrap_or(1), self.policy.queue_limit),
+            engine_id: entry.plugin.id().to_owned(),
             engine: Box::new(engine),
             templates,
             footprint,
@@ -239,7 +252,7 @@ impl ModelManager {
     }
 
     /// Unloads idle models, least recently used first, until `needed` more bytes fit.
-    fn make_room(&self, loading: &str, needed: u64) -> Result<(), ApiError> {
+    fn make_room(&self, loading: &str, needed: u64) -> Result<(), NodeError> {
         loop {
             let mut used = 0u64;
             let mut victim: Option<(Arc<CatalogEntry>, Instant)> = None;
@@ -271,11 +284,11 @@ impl ModelManager {
                 return Ok(());
             }
             let Some((entry, _)) = victim else {
-                return Err(ApiError::unavailable(format!(
-                    "not enough memory to load `{loading}` now: the budget is {} MiB, {} MiB are held by models serving requests",
-                    self.policy.memory_budget >> 20,
-                    used >> 20
-                )));
+                return Err(NodeError::NoMemory {
+                    model: loading.to_owned(),
+                    budget_mib: self.policy.memory_budget >> 20,
+                    held_mib: used >> 20,
+                });
             };
             let unloaded = entry.loaded.lock().unwrap().take();
             if let Some(m) = unloaded {

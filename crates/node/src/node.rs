@@ -123,9 +123,19 @@ impl Node {
         let name = name.to_owned();
         tokio::spawn(async move {
             if let Err(e) = models.get(&name).await {
-                tracing::error!(model = %name, "preloading failed: {}", e.message);
+                tracing::error!(model = %name, "preloading failed: {e}");
             }
         });
+    }
+
+    /// Starts a generation on `model` outside HTTP (`llmr run`), through the same answer cache
+    /// and admission as a request.
+    pub async fn generate(
+        &self,
+        model: &std::sync::Arc<crate::models::LoadedModel>,
+        input: crate::generation::GenerationInput,
+    ) -> Result<crate::generation::Generation, crate::NodeError> {
+        crate::generation::begin(model, &self.state.cache, input).await
     }
 
     pub async fn serve(

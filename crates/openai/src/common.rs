@@ -35,13 +35,7 @@ impl Usage {
     }
 }
 
-/// One generated token with its probability, as the engine reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub text: String,
-    pub logprob: f32,
-    pub top: Vec<(String, f32)>,
-}
+pub use llmr_engine_types::TokenLogprob;
 
 /// Chat logprobs: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

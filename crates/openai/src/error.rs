@@ -199,7 +199,10 @@ mod tests {
     fn a_received_body_gives_back_the_error() {
         let sent = ApiError::invalid("top_k", "too big").with_code("x");
         let got = ApiError::from_body(400, sent.to_json().as_bytes());
-        assert_eq!((got.status, got.kind, &got.message, &got.param, &got.code), (400, sent.kind, &sent.message, &sent.param, &sent.code));
+        assert_eq!(
+            (got.status, got.kind, &got.message, &got.param, &got.code),
+            (400, sent.kind, &sent.message, &sent.param, &sent.code)
+        );
         assert_eq!(ApiError::from_body(503, br#"{"error":"overloaded"}"#).message, "overloaded");
         assert_eq!(ApiError::from_body(502, b"bad gateway\n").message, "HTTP 502: bad gateway");
         assert_eq!(ApiError::from_body(500, b"").message, "HTTP 500");
@@ -209,7 +212,10 @@ mod tests {
     #[test]
     fn responses_carry_status_retry_after_and_close_on_413() {
         let r = ApiError::rate_limited("busy", 3).into_response();
-        assert_eq!((r.status(), r.headers()[header::RETRY_AFTER].to_str().unwrap()), (StatusCode::TOO_MANY_REQUESTS, "3"));
+        assert_eq!(
+            (r.status(), r.headers()[header::RETRY_AFTER].to_str().unwrap()),
+            (StatusCode::TOO_MANY_REQUESTS, "3")
+        );
         let r = ApiError::payload_too_large(10).into_response();
         assert_eq!(r.headers()[header::CONNECTION], "close");
         assert!(ApiError::server("x").into_response().headers().get(header::CONNECTION).is_none());

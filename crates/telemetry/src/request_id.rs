@@ -88,9 +88,7 @@ mod tests {
     use tower::ServiceExt;
 
     fn app() -> axum::Router {
-        axum::Router::new()
-            .route("/", get(|id: RequestId| async move { id.0 }))
-            .layer(axum::middleware::from_fn(layer))
+        axum::Router::new().route("/", get(|id: RequestId| async move { id.0 })).layer(axum::middleware::from_fn(layer))
     }
 
     async fn call(header: Option<&str>) -> (String, String) {

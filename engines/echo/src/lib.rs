@@ -7,8 +7,9 @@
 
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
-    abi, export_engine, Capability, ModelInfo, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
-    EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, Token, TokenSink, TopLogprob,
+    abi, export_engine, serde_json, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
+    EngineError, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, ModelInfo, Token,
+    TokenSink, TopLogprob,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -18,8 +18,9 @@ mod temperature;
 use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;
 use llmr_engine_sdk::{
-    abi, export_engine, serde_json, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
-    Capability, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, ModelInfo, Token, TokenSink, TopLogprob,
+    abi, export_engine, serde_json, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
+    EngineError, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, ModelInfo, Token,
+    TokenSink, TopLogprob,
 };
 use model::ModelMeta;
 use scheduler::{Command, Event, Job, Stats};

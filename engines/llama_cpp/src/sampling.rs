@@ -5,10 +5,10 @@
 //! everything else goes through a llama.cpp sampler chain in llama-server's order.
 
 use crate::temperature::TemperatureSampler;
-use llmr_engine_sdk::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llmr_engine_sdk::Sampling;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Tokens the repetition penalties look back over (llama.cpp's default).

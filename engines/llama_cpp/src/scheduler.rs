@@ -11,7 +11,6 @@
 use crate::pacing::Pacer;
 use crate::prefix_store::{common_prefix, PrefixStore};
 use crate::sampling::{logprobs, TokenSampler};
-use llmr_engine_sdk::Sampling;
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -22,6 +21,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
+use llmr_engine_sdk::Sampling;
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, InferOutcome, Logger};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;

@@ -4,8 +4,8 @@
 //! and the models of `scripts/fetch-models smollm2 minilm` (scripts/test does both).
 
 use llmr_engine_host::{
-    load_one, EngineInstance, EngineRegistry, EngineStatus, FinishReason, InferParams, InstanceConfig, Manifest,
-    ModelSpec, Sampling, Format,
+    load_one, EngineInstance, EngineRegistry, EngineStatus, FinishReason, Format, InferParams, InstanceConfig,
+    Manifest, ModelSpec, Sampling,
 };
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -57,9 +57,7 @@ fn private_engine(slots: u32) -> EngineInstance {
             .unwrap();
     for (id, file) in [("smollm2", "smollm2-135m-instruct-q4_1.gguf"), ("minilm", "all-minilm-l6-v2-f16.gguf")] {
         let p = model_path(file);
-        engine
-            .load_model(&ModelSpec::new(id, Format::Gguf, p.display().to_string()))
-            .unwrap();
+        engine.load_model(&ModelSpec::new(id, Format::Gguf, p.display().to_string())).unwrap();
     }
     engine
 }
@@ -345,9 +343,7 @@ fn a_corrupt_or_foreign_file_is_refused_with_the_right_code_and_no_crash() {
     for (name, bytes, want) in cases {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
-        let err = engine()
-            .load_model(&ModelSpec::new(name, Format::Gguf, path.display().to_string()))
-            .unwrap_err();
+        let err = engine().load_model(&ModelSpec::new(name, Format::Gguf, path.display().to_string())).unwrap_err();
         assert_eq!(err.status, want, "{name}: {}", err.message);
         assert!(err.message.contains(name), "{name}: {}", err.message);
     }
@@ -361,9 +357,7 @@ fn kv_cache_type_and_threads_change_at_run_time() {
         EngineInstance::create(&plugin(), &InstanceConfig { slots: 2, context_length: 1024, ..Default::default() })
             .unwrap();
     let p = model_path("smollm2-135m-instruct-q4_1.gguf");
-    engine
-        .load_model(&ModelSpec::new("m", Format::Gguf, p.display().to_string()))
-        .unwrap();
+    engine.load_model(&ModelSpec::new("m", Format::Gguf, p.display().to_string())).unwrap();
     engine.set_config(Some("m"), "kv_cache_type", &serde_json::json!("q8_0")).unwrap();
     engine.set_config(Some("m"), "threads", &serde_json::json!(1)).unwrap();
     let info = engine.model_info("m").unwrap();

@@ -82,7 +82,5 @@ pub fn dummy_model(dir: &Path) -> PathBuf {
 
 /// Loads `file` into `engine` under the id `m`, as every echo-plugin test does.
 pub fn load_as_m(engine: &EngineInstance, file: &Path) {
-    engine
-        .load_model(&ModelSpec::new("m", Format::Gguf, file.display().to_string()))
-        .unwrap();
+    engine.load_model(&ModelSpec::new("m", Format::Gguf, file.display().to_string())).unwrap();
 }

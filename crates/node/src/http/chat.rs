@@ -1,125 +1,81 @@
-//! `POST /v1/chat/completions`.
+//! `POST /v1/chat/completions`: the chat template renders the prompt; the answer is a chat
+//! completion, or `chat.completion.chunk` events, with tool calls read out of the text.
 
-use super::{count_error, parse_json, sse, HttpError, SharedState};
-use crate::generation::{self, Collected, Finished, GenEvent, Generation, GenerationInput};
-use crate::metrics as m;
-use crate::models::LoadedModel;
+use super::pipeline::{self, Encoder, GenerationRequest};
+use super::{parse_json, SharedState};
+use crate::generation::{Collected, Finished, Piece};
+use crate::prompt::{render_chat, ToolParsing};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use llmr_chat_template::RenderInput;
 use llmr_openai::{
     new_id, sse as wire, unix_now, ApiError, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChatRequest, ChunkChoice, Delta, Logprobs, ResponseMessage, ToolCallChunk, ToolChoice, Usage, WireFunctionCall,
+    ChunkChoice, Delta, FinishReason, Logprobs, ResponseMessage, Role, ToolCallChunk, Usage, WireFunctionCall,
     WireToolCall,
 };
-use llmr_tool_calls::{ParsedCall, StreamEvent, StreamParser, ToolCallFormat};
+use llmr_tool_calls::{ParsedCall, StreamEvent, StreamParser};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 const ENDPOINT: &str = "chat";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// How tool calls are read from this request's output.
-#[derive(Clone)]
-struct ToolParsing {
-    format: ToolCallFormat,
-    allowed: Vec<String>,
-    /// Text the prompt ends with to force a call (`tool_choice` required or named).
-    prefill: String,
-}
-
 pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    match run(state, body, arrived).await {
-        Ok(resp) => resp,
-        Err(e) => e.into_response(),
-    }
+    pipeline::respond(ENDPOINT, async {
+        let req = parse_json::<ChatCompletionRequest>(body, state.body_limit)?.validate()?;
+        let generation = GenerationRequest {
+            endpoint: ENDPOINT,
+            model: req.model.clone(),
+            sampling: req.sampling.clone(),
+            stream: req.stream,
+            prompt_param: "messages",
+            arrived,
+        };
+        pipeline::generate(&state, generation, |model| {
+            let (prompt, tools) = render_chat(model, &req)?;
+            let encoder = ChatEncoder {
+                id: new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+                model: model.name.clone(),
+                created: unix_now(),
+                fingerprint: state.fingerprint.clone(),
+                include_usage: req.include_usage,
+                logprobs: req.sampling.logprobs.is_some(),
+                tools,
+                parser: None,
+                called: false,
+            };
+            Ok((prompt, encoder))
+        })
+        .await
+    })
+    .await
 }
 
-async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: Instant) -> Result<Response, HttpError> {
-    let wire: ChatCompletionRequest = parse_json(body, state.body_limit, ENDPOINT)?;
-    let fail = |e: ApiError| count_error(ENDPOINT, e);
-    let req = wire.validate().map_err(fail)?;
-    let model = state.models.get(&req.model).await.map_err(fail)?;
-    // Counted once the model is known: request JSON must not create metric series.
-    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => model.name.clone()).increment(1);
-    let (prompt, tools) = render(&model, &req).map_err(fail)?;
-    req.sampling.check_top_k(model.engine.info().vocab_size).map_err(fail)?;
-    let prompt_tokens = generation::count_tokens(&model, &prompt, false, true).await.map_err(fail)?;
-    req.sampling.check_context(prompt_tokens, model.engine.info().context_length, "messages").map_err(fail)?;
-
-    let input = GenerationInput {
-        prompt,
-        sampling: req.sampling.clone(),
-        add_bos: false,
-        parse_special: true,
-        endpoint: ENDPOINT,
-        arrived,
-    };
-    let gen = generation::begin(&model, &state.cache, input).await.map_err(fail)?;
-    let id = new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed));
-    if req.stream {
-        stream(state, model, req, tools, gen, id).await
-    } else {
-        let collected = generation::collect(gen).await.map_err(fail)?;
-        Ok(Json(complete(&state, &model.name, &req, tools.as_ref(), collected, id)).into_response())
-    }
-}
-
-/// The prompt, and how to read tool calls from the answer (when tools are offered).
-fn render(model: &LoadedModel, req: &ChatRequest) -> Result<(String, Option<ToolParsing>), ApiError> {
-    let templates = model
-        .templates
-        .as_ref()
-        .ok_or_else(|| ApiError::invalid("model", format!("`{}` is an embedding model; it cannot chat", model.name)))?;
-    let offer_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
-    let mut input = RenderInput::new(&req.messages, true);
-    if offer_tools {
-        input = input.with_tools(&req.tools);
-    }
-    input.kwargs.extend(req.template_kwargs.clone());
-    let mut prompt = templates
-        .render(&input)
-        .map_err(|e| ApiError::invalid("messages", format!("the chat template rejected them: {e}")))?;
-    if !offer_tools {
-        return Ok((prompt, None));
-    }
-    let template = templates.select(true);
-    let format = ToolCallFormat::detect(Some(template.source()), &model.engine.info().architecture);
-    let prefill = match &req.tool_choice {
-        ToolChoice::Required => format.forced_prefix(None),
-        ToolChoice::Function(name) => format.forced_prefix(Some(name)),
-        ToolChoice::Auto | ToolChoice::None => String::new(),
-    };
-    prompt.push_str(&prefill);
-    let allowed = req.tools.iter().map(|t| t.function.name.clone()).collect();
-    Ok((prompt, Some(ToolParsing { format, allowed, prefill })))
-}
-
-fn call_id(response_id: &str, index: usize) -> String {
-    format!("call_{}_{index}", response_id.trim_start_matches("chatcmpl-"))
-}
-
-fn wire_call(response_id: &str, index: usize, call: ParsedCall) -> WireToolCall {
-    WireToolCall {
-        id: call_id(response_id, index),
-        kind: "function".into(),
-        function: WireFunctionCall { name: call.name, arguments: call.arguments },
-    }
+struct ChatEncoder {
+    id: String,
+    model: String,
+    created: u64,
+    fingerprint: String,
+    include_usage: bool,
+    logprobs: bool,
+    tools: Option<ToolParsing>,
+    /// Reads tool calls out of a streamed answer (made when the stream opens).
+    parser: Option<StreamParser>,
+    /// A tool call was streamed.
+    called: bool,
 }
 
 /// A generation cut by the length limit is `length` even if it made calls before (OpenAI's rule:
 /// the answer is incomplete).
-fn finish_reason(f: &Finished, called: bool) -> &'static str {
+fn finish_reason(f: &Finished, called: bool) -> FinishReason {
     match (f.stopped, called) {
-        (false, _) => "length",
-        (true, true) => "tool_calls",
-        (true, false) => "stop",
+        (false, _) => FinishReason::Length,
+        (true, true) => FinishReason::ToolCalls,
+        (true, false) => FinishReason::Stop,
     }
 }
 
@@ -127,192 +83,122 @@ fn usage(f: &Finished) -> Usage {
     Usage::new(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
 }
 
-fn complete(
-    state: &SharedState,
-    model: &str,
-    req: &ChatRequest,
-    tools: Option<&ToolParsing>,
-    c: Collected,
-    id: String,
-) -> ChatCompletion {
-    let (content, calls) = match tools {
-        Some(t) => {
-            let allowed: Vec<&str> = t.allowed.iter().map(String::as_str).collect();
-            let parsed = t.format.parse_with_prefill(&t.prefill, &c.text, &allowed);
-            (parsed.content, parsed.calls)
+impl ChatEncoder {
+    fn call_id(&self, index: usize) -> String {
+        format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-"))
+    }
+
+    fn wire_call(&self, index: usize, call: ParsedCall) -> WireToolCall {
+        WireToolCall {
+            id: self.call_id(index),
+            kind: "function".into(),
+            function: WireFunctionCall { name: call.name, arguments: call.arguments },
         }
-        None => (c.text, Vec::new()),
-    };
-    let tool_calls: Vec<WireToolCall> =
-        calls.into_iter().enumerate().map(|(i, call)| wire_call(&id, i, call)).collect();
-    let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
-    ChatCompletion {
-        object: "chat.completion",
-        created: unix_now(),
-        model: model.to_owned(),
-        system_fingerprint: state.fingerprint.clone(),
-        choices: vec![ChatChoice {
-            index: 0,
-            finish_reason: finish_reason(&c.finished, !tool_calls.is_empty()),
-            message: ResponseMessage { role: "assistant", content, refusal: None, tool_calls },
-            logprobs: req.sampling.logprobs.map(|_| Logprobs::from_tokens(&c.logprobs)),
-        }],
-        usage: usage(&c.finished),
-        id,
     }
-}
 
-/// Builds this response's chunks.
-struct Chunks {
-    id: String,
-    model: String,
-    created: u64,
-    fingerprint: String,
-}
-
-impl Chunks {
-    fn event(&self, delta: Delta, logprobs: Option<Logprobs>, finish: Option<&'static str>) -> String {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
         wire::event(&ChatCompletionChunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
             created: self.created,
-            model: &self.model,
-            system_fingerprint: &self.fingerprint,
-            choices: vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: finish }],
-            usage: None,
+            model: self.model.clone(),
+            system_fingerprint: Some(self.fingerprint.clone()),
+            choices,
+            usage,
         })
     }
 
-    fn usage_event(&self, usage: Usage) -> String {
-        wire::event(&ChatCompletionChunk {
-            id: &self.id,
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: &self.model,
-            system_fingerprint: &self.fingerprint,
-            choices: Vec::new(),
-            usage: Some(usage),
-        })
+    fn delta(&self, delta: Delta, logprobs: Option<Logprobs>, finish_reason: Option<FinishReason>) -> String {
+        self.chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason }], None)
     }
 
     fn content(&self, text: String, logprobs: Option<Logprobs>) -> String {
-        self.event(Delta { content: Some(text), ..Default::default() }, logprobs, None)
+        self.delta(Delta { content: Some(text), ..Default::default() }, logprobs, None)
     }
 
-    fn call(&self, index: usize, call: ParsedCall) -> String {
-        let c = wire_call(&self.id, index, call);
-        let chunk = ToolCallChunk { index: index as u32, id: c.id, kind: "function", function: c.function };
-        self.event(Delta { tool_calls: vec![chunk], ..Default::default() }, None, None)
-    }
-}
-
-struct StreamState {
-    gen: Generation,
-    chunks: Chunks,
-    parser: Option<StreamParser>,
-    called: bool,
-    include_usage: bool,
-    logprobs: bool,
-    pending: std::collections::VecDeque<String>,
-    done: bool,
-    _model: Arc<LoadedModel>,
-}
-
-impl StreamState {
-    fn on_parser_events(&mut self, events: Vec<StreamEvent>) {
+    fn parsed(&mut self, events: Vec<StreamEvent>, out: &mut Vec<String>) {
         for ev in events {
             match ev {
                 StreamEvent::Content(text) if text.is_empty() => {}
-                StreamEvent::Content(text) => self.pending.push_back(self.chunks.content(text, None)),
+                StreamEvent::Content(text) => out.push(self.content(text, None)),
                 StreamEvent::Call { index, call } => {
                     self.called = true;
-                    self.pending.push_back(self.chunks.call(index, call));
+                    let c = self.wire_call(index, call);
+                    let chunk = ToolCallChunk { index: index as u32, id: c.id, kind: c.kind, function: c.function };
+                    out.push(self.delta(Delta { tool_calls: vec![chunk], ..Default::default() }, None, None));
                 }
-            }
-        }
-    }
-
-    fn on_event(&mut self, ev: GenEvent) {
-        match ev {
-            GenEvent::Piece(p) => match self.parser.as_mut() {
-                Some(parser) => {
-                    let events = parser.push(&p.text);
-                    self.on_parser_events(events);
-                }
-                None if p.text.is_empty() => {}
-                None => {
-                    let lp = if self.logprobs {
-                        p.logprob.as_ref().map(|l| Logprobs::from_tokens(std::slice::from_ref(l)))
-                    } else {
-                        None
-                    };
-                    self.pending.push_back(self.chunks.content(p.text, lp));
-                }
-            },
-            GenEvent::Done(Ok(f)) => {
-                if let Some(parser) = self.parser.as_mut() {
-                    let events = parser.finish();
-                    self.on_parser_events(events);
-                }
-                let reason = finish_reason(&f, self.called);
-                self.pending.push_back(self.chunks.event(Delta::default(), None, Some(reason)));
-                if self.include_usage {
-                    self.pending.push_back(self.chunks.usage_event(usage(&f)));
-                }
-                self.pending.push_back(wire::DONE.to_owned());
-                self.done = true;
-            }
-            GenEvent::Done(Err(e)) => {
-                metrics::counter!(m::ERRORS, "endpoint" => ENDPOINT, "status" => e.status.to_string()).increment(1);
-                self.pending.push_back(wire::error_event(&e));
-                self.pending.push_back(wire::DONE.to_owned());
-                self.done = true;
             }
         }
     }
 }
 
-async fn stream(
-    state: SharedState,
-    model: Arc<LoadedModel>,
-    req: ChatRequest,
-    tools: Option<ToolParsing>,
-    mut gen: Generation,
-    id: String,
-) -> Result<Response, HttpError> {
-    // Wait for the first event before answering, so an engine error is still a plain HTTP error.
-    let first = gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
-    if let GenEvent::Done(Err(e)) = first {
-        return Err(count_error(ENDPOINT, e));
+impl Encoder for ChatEncoder {
+    fn open(&mut self, out: &mut Vec<String>) {
+        self.parser =
+            self.tools.as_ref().map(|t| StreamParser::new(t.format, t.allowed.clone()).with_prefill(&t.prefill));
+        let role = Delta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() };
+        out.push(self.delta(role, None, None));
     }
-    let chunks = Chunks { id, model: model.name.clone(), created: unix_now(), fingerprint: state.fingerprint.clone() };
-    let role =
-        chunks.event(Delta { role: Some("assistant"), content: Some(String::new()), ..Default::default() }, None, None);
-    let mut st = StreamState {
-        gen,
-        chunks,
-        parser: tools.map(|t| StreamParser::new(t.format, t.allowed).with_prefill(&t.prefill)),
-        called: false,
-        include_usage: req.include_usage,
-        logprobs: req.sampling.logprobs.is_some(),
-        pending: [role].into(),
-        done: false,
-        _model: model,
-    };
-    st.on_event(first);
-    let events = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(e) = st.pending.pop_front() {
-                return Some((e, st));
+
+    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+        match self.parser.as_mut() {
+            Some(parser) => {
+                let events = parser.push(&piece.text);
+                self.parsed(events, out);
             }
-            if st.done {
-                return None;
-            }
-            match st.gen.events.recv().await {
-                Some(ev) => st.on_event(ev),
-                None => return None,
+            None if piece.text.is_empty() => {}
+            None => {
+                let logprobs = (self.logprobs)
+                    .then(|| piece.logprob.as_ref().map(|l| Logprobs::from_tokens(std::slice::from_ref(l))))
+                    .flatten();
+                out.push(self.content(piece.text, logprobs));
             }
         }
-    });
-    Ok(sse::response(events))
+    }
+
+    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+        if let Some(parser) = self.parser.as_mut() {
+            let events = parser.finish();
+            self.parsed(events, out);
+        }
+        out.push(self.delta(Delta::default(), None, Some(finish_reason(&finished, self.called))));
+        if self.include_usage {
+            out.push(self.chunk(Vec::new(), Some(usage(&finished))));
+        }
+        out.push(wire::DONE.to_owned());
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
+        out.push(wire::error_event(error));
+        out.push(wire::DONE.to_owned());
+    }
+
+    fn complete(self, c: Collected) -> Response {
+        let (content, calls) = match &self.tools {
+            Some(t) => {
+                let allowed: Vec<&str> = t.allowed.iter().map(String::as_str).collect();
+                let parsed = t.format.parse_with_prefill(&t.prefill, &c.text, &allowed);
+                (parsed.content, parsed.calls)
+            }
+            None => (c.text, Vec::new()),
+        };
+        let tool_calls: Vec<WireToolCall> =
+            calls.into_iter().enumerate().map(|(i, call)| self.wire_call(i, call)).collect();
+        let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
+        let body = ChatCompletion {
+            object: "chat.completion".into(),
+            created: self.created,
+            model: self.model,
+            system_fingerprint: Some(self.fingerprint),
+            choices: vec![ChatChoice {
+                index: 0,
+                finish_reason: finish_reason(&c.finished, !tool_calls.is_empty()),
+                message: ResponseMessage { role: Role::Assistant, content, refusal: None, tool_calls },
+                logprobs: self.logprobs.then(|| Logprobs::from_tokens(&c.logprobs)),
+            }],
+            usage: Some(usage(&c.finished)),
+            id: self.id,
+        };
+        Json(body).into_response()
+    }
 }

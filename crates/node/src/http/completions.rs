@@ -1,15 +1,17 @@
-//! `POST /v1/completions`: raw prompt in, text out (no chat template).
+//! `POST /v1/completions`: a raw prompt in (no chat template), `text_completion` objects out.
 
-use super::{count_error, parse_json, sse, HttpError, SharedState};
-use crate::generation::{self, Finished, GenEvent, GenerationInput};
-use crate::metrics as m;
+use super::pipeline::{self, Encoder, GenerationRequest};
+use super::{parse_json, SharedState};
+use crate::generation::{Collected, Finished, Piece, Prompt};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use llmr_engine_host::Capability;
 use llmr_openai::{
-    new_id, sse as wire, unix_now, ApiError, CompletionRequest, TextChoice, TextCompletion, TextLogprobs, Usage,
+    new_id, sse as wire, unix_now, ApiError, CompletionRequest, FinishReason, TextChoice, TextCompletion, TextLogprobs,
+    Usage,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -20,145 +22,115 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    match run(state, body, arrived).await {
-        Ok(resp) => resp,
-        Err(e) => e.into_response(),
-    }
+    pipeline::respond(ENDPOINT, async {
+        let req = parse_json::<CompletionRequest>(body, state.body_limit)?.validate()?;
+        let generation = GenerationRequest {
+            endpoint: ENDPOINT,
+            model: req.model.clone(),
+            sampling: req.sampling.clone(),
+            stream: req.stream,
+            prompt_param: "prompt",
+            arrived,
+        };
+        pipeline::generate(&state, generation, |model| {
+            model.require(Capability::Text)?;
+            let echo = if req.echo { req.prompt.clone() } else { String::new() };
+            let encoder = CompletionEncoder {
+                id: new_id("cmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+                model: model.name.clone(),
+                created: unix_now(),
+                fingerprint: state.fingerprint.clone(),
+                include_usage: req.include_usage,
+                logprobs: req.sampling.logprobs.is_some(),
+                offset: echo.len(),
+                echo,
+            };
+            Ok((Prompt::raw(req.prompt.clone()), encoder))
+        })
+        .await
+    })
+    .await
 }
 
-fn finish_reason(f: &Finished) -> &'static str {
+struct CompletionEncoder {
+    id: String,
+    model: String,
+    created: u64,
+    fingerprint: String,
+    include_usage: bool,
+    logprobs: bool,
+    /// The prompt, when the request asked for it back (`echo`).
+    echo: String,
+    /// Where the next piece starts in the returned text (logprobs' `text_offset`).
+    offset: usize,
+}
+
+fn finish_reason(f: &Finished) -> FinishReason {
     if f.stopped {
-        "stop"
+        FinishReason::Stop
     } else {
-        "length"
+        FinishReason::Length
     }
 }
 
-async fn run(state: SharedState, body: Result<Bytes, BytesRejection>, arrived: Instant) -> Result<Response, HttpError> {
-    let wire: CompletionRequest = parse_json(body, state.body_limit, ENDPOINT)?;
-    let fail = |e: ApiError| count_error(ENDPOINT, e);
-    let req = wire.validate().map_err(fail)?;
-    let model = state.models.get(&req.model).await.map_err(fail)?;
-    // Counted once the model is known: request JSON must not create metric series.
-    metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => model.name.clone()).increment(1);
-    let info = model.engine.info();
-    if !info.text {
-        return Err(fail(ApiError::invalid(
-            "model",
-            format!("`{}` is an embedding model; it cannot complete text", model.name),
-        )));
-    }
-    req.sampling.check_top_k(info.vocab_size).map_err(fail)?;
-    // As llama-server does: the model's BOS, and special tokens written in the prompt are honoured.
-    let prompt_tokens = generation::count_tokens(&model, &req.prompt, true, true).await.map_err(fail)?;
-    req.sampling.check_context(prompt_tokens, info.context_length, "prompt").map_err(fail)?;
+fn usage(f: &Finished) -> Usage {
+    Usage::new(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
+}
 
-    let input = GenerationInput {
-        prompt: req.prompt.clone(),
-        sampling: req.sampling.clone(),
-        add_bos: true,
-        parse_special: true,
-        endpoint: ENDPOINT,
-        arrived,
-    };
-    let mut gen = generation::begin(&model, &state.cache, input).await.map_err(fail)?;
-    let id = new_id("cmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed));
-    let created = unix_now();
-    let echo = if req.echo { req.prompt.clone() } else { String::new() };
-    let want_logprobs = req.sampling.logprobs.is_some();
-
-    if !req.stream {
-        let c = generation::collect(gen).await.map_err(fail)?;
-        let body = TextCompletion {
-            id: &id,
-            object: "text_completion",
-            created,
-            model: &model.name,
-            system_fingerprint: &state.fingerprint,
-            choices: vec![TextChoice {
-                logprobs: want_logprobs.then(|| TextLogprobs::from_tokens(&c.logprobs, echo.len())),
-                text: echo + &c.text,
-                index: 0,
-                finish_reason: Some(finish_reason(&c.finished)),
-            }],
-            usage: Some(Usage::new(c.finished.prompt_tokens, c.finished.completion_tokens, c.finished.cached_tokens)),
-        };
-        return Ok(Json(body).into_response());
-    }
-
-    let first =
-        gen.events.recv().await.ok_or_else(|| fail(ApiError::server("the engine stopped before the first token")))?;
-    if let GenEvent::Done(Err(e)) = first {
-        return Err(fail(e));
-    }
-    let fingerprint = state.fingerprint.clone();
-    let model_name = model.name.clone();
-    let include_usage = req.include_usage;
-    let chunk =
-        move |text: String, logprobs: Option<TextLogprobs>, finish: Option<&'static str>, usage: Option<Usage>| {
-            wire::event(&TextCompletion {
-                id: &id,
-                object: "text_completion",
-                created,
-                model: &model_name,
-                system_fingerprint: &fingerprint,
-                choices: if usage.is_some() && finish.is_none() {
-                    Vec::new()
-                } else {
-                    vec![TextChoice { text, index: 0, logprobs, finish_reason: finish }]
-                },
-                usage,
-            })
-        };
-    let mut offset = echo.len();
-    let mut pending: std::collections::VecDeque<String> = Default::default();
-    if !echo.is_empty() {
-        pending.push_back(chunk(echo, None, None, None));
-    }
-    let mut on_event = move |ev: GenEvent, pending: &mut std::collections::VecDeque<String>| -> bool {
-        match ev {
-            GenEvent::Piece(p) => {
-                let lp = p.logprob.as_ref().map(|l| TextLogprobs::from_tokens(std::slice::from_ref(l), offset));
-                offset += p.text.len();
-                if !p.text.is_empty() || lp.is_some() {
-                    pending.push_back(chunk(p.text, lp, None, None));
-                }
-                false
-            }
-            GenEvent::Done(Ok(f)) => {
-                pending.push_back(chunk(String::new(), None, Some(finish_reason(&f)), None));
-                if include_usage {
-                    let u = Usage::new(f.prompt_tokens, f.completion_tokens, f.cached_tokens);
-                    pending.push_back(chunk(String::new(), None, None, Some(u)));
-                }
-                pending.push_back(wire::DONE.to_owned());
-                true
-            }
-            GenEvent::Done(Err(e)) => {
-                metrics::counter!(m::ERRORS, "endpoint" => ENDPOINT, "status" => e.status.to_string()).increment(1);
-                pending.push_back(wire::error_event(&e));
-                pending.push_back(wire::DONE.to_owned());
-                true
-            }
+impl CompletionEncoder {
+    fn body(&self, choices: Vec<TextChoice>, usage: Option<Usage>) -> TextCompletion {
+        TextCompletion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: Some(self.fingerprint.clone()),
+            choices,
+            usage,
         }
-    };
-    let done = on_event(first, &mut pending);
-    let events = futures_util::stream::unfold(
-        (gen, pending, done, on_event, model),
-        |(mut gen, mut pending, mut done, mut on_event, model)| async move {
-            loop {
-                if let Some(e) = pending.pop_front() {
-                    return Some((e, (gen, pending, done, on_event, model)));
-                }
-                if done {
-                    return None;
-                }
-                match gen.events.recv().await {
-                    Some(ev) => done = on_event(ev, &mut pending),
-                    None => return None,
-                }
-            }
-        },
-    );
-    Ok(sse::response(events))
+    }
+
+    fn chunk(&self, text: String, logprobs: Option<TextLogprobs>, finish_reason: Option<FinishReason>) -> String {
+        wire::event(&self.body(vec![TextChoice { text, index: 0, logprobs, finish_reason }], None))
+    }
+}
+
+impl Encoder for CompletionEncoder {
+    fn open(&mut self, out: &mut Vec<String>) {
+        if !self.echo.is_empty() {
+            let echo = std::mem::take(&mut self.echo);
+            out.push(self.chunk(echo, None, None));
+        }
+    }
+
+    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+        let logprobs = piece.logprob.as_ref().map(|l| TextLogprobs::from_tokens(std::slice::from_ref(l), self.offset));
+        self.offset += piece.text.len();
+        if !piece.text.is_empty() || logprobs.is_some() {
+            out.push(self.chunk(piece.text, logprobs, None));
+        }
+    }
+
+    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+        out.push(self.chunk(String::new(), None, Some(finish_reason(&finished))));
+        if self.include_usage {
+            out.push(wire::event(&self.body(Vec::new(), Some(usage(&finished)))));
+        }
+        out.push(wire::DONE.to_owned());
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
+        out.push(wire::error_event(error));
+        out.push(wire::DONE.to_owned());
+    }
+
+    fn complete(self, c: Collected) -> Response {
+        let choice = TextChoice {
+            logprobs: self.logprobs.then(|| TextLogprobs::from_tokens(&c.logprobs, self.echo.len())),
+            text: self.echo.clone() + &c.text,
+            index: 0,
+            finish_reason: Some(finish_reason(&c.finished)),
+        };
+        Json(self.body(vec![choice], Some(usage(&c.finished)))).into_response()
+    }
 }

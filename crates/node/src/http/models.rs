@@ -1,6 +1,6 @@
 //! `/v1/models` and `/v1/models/{id}`.
 
-use super::{HttpError, SharedState};
+use super::SharedState;
 use axum::extract::{Path, State};
 use axum::Json;
 use llmr_openai::{ApiError, ModelList, ModelObject};
@@ -11,9 +11,9 @@ pub async fn list(State(state): State<SharedState>) -> Json<ModelList> {
     ))
 }
 
-pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Result<Json<ModelObject>, HttpError> {
+pub async fn get(State(state): State<SharedState>, Path(id): Path<String>) -> Result<Json<ModelObject>, ApiError> {
     match state.models.entry(&id) {
         Some(e) => Ok(Json(ModelObject::new(e.desc.name.clone(), e.created))),
-        None => Err(HttpError(ApiError::model_not_found(&id))),
+        None => Err(ApiError::model_not_found(&id)),
     }
 }

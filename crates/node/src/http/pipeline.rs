@@ -1,0 +1,164 @@
+//! The one request pipeline every generating endpoint runs.
+//!
+//! validate (the handler, with the `openai` crate) -> model (loaded lazily) -> request metric ->
+//! prompt (the endpoint's `prepare`) -> `top_k` and context bounds with the engine's tokenizer ->
+//! [`generation::begin`] (answer cache, or a slot) -> a non-streamed answer, or an SSE stream
+//! that waits for the first event before sending headers (so an engine failure is still a plain
+//! HTTP error) and then pumps events until the end.
+//!
+//! What differs between endpoints is only how the answer is written: an [`Encoder`]. A new
+//! endpoint is an encoder and a handler of a few lines.
+
+use super::{sse, SharedState};
+use crate::generation::{self, Collected, Finished, GenEvent, Generation, GenerationInput, Piece, Prompt};
+use crate::metrics as m;
+use crate::models::LoadedModel;
+use axum::response::{IntoResponse, Response};
+use llmr_engine_host::Sampling;
+use llmr_openai::{ApiError, SamplingBounds};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How one endpoint writes a generation: as stream events, or as one answer.
+pub trait Encoder: Send + 'static {
+    /// Events before the first piece (a role delta, an echoed prompt).
+    fn open(&mut self, out: &mut Vec<String>);
+    /// Events for one piece of generated text (none while it may still be part of a tool call).
+    fn piece(&mut self, piece: Piece, out: &mut Vec<String>);
+    /// The last events of a finished generation: finish reason, usage, the end marker.
+    fn finish(&mut self, finished: Finished, out: &mut Vec<String>);
+    /// A failure after the stream started, as this endpoint reports one in-stream.
+    fn fail(&mut self, error: &ApiError, out: &mut Vec<String>);
+    /// The non-streamed answer.
+    fn complete(self, collected: Collected) -> Response;
+}
+
+/// What the pipeline needs to know of a validated request.
+pub struct GenerationRequest {
+    /// The endpoint, for metric labels.
+    pub endpoint: &'static str,
+    pub model: String,
+    pub sampling: Sampling,
+    pub stream: bool,
+    /// The field a prompt that overflows the context is blamed on (`messages`, `prompt`).
+    pub prompt_param: &'static str,
+    pub arrived: Instant,
+}
+
+/// Runs a handler's work and answers. An error is counted by endpoint and status, and logged
+/// (in the request's span, so with its id) when it is the server's fault.
+pub async fn respond(endpoint: &'static str, work: impl Future<Output = Result<Response, ApiError>>) -> Response {
+    match work.await {
+        Ok(resp) => resp,
+        Err(e) => {
+            count_error(endpoint, &e);
+            e.into_response()
+        }
+    }
+}
+
+pub fn count_error(endpoint: &'static str, e: &ApiError) {
+    metrics::counter!(m::ERRORS, "endpoint" => endpoint, "status" => e.status.to_string()).increment(1);
+    if e.status >= 500 {
+        tracing::warn!(status = e.status, "{}", e.message);
+    } else {
+        tracing::debug!(status = e.status, "{}", e.message);
+    }
+}
+
+/// Names the model and its engine in the request's span.
+pub fn record_model(model: &LoadedModel) {
+    let span = tracing::Span::current();
+    span.record("model", model.name.as_str());
+    span.record("engine", model.engine_id());
+}
+
+/// Generates the answer to `req`. `prepare` turns the loaded model into the prompt and the
+/// encoder (rendering a chat template, checking what the model can do).
+pub async fn generate<E, F>(state: &SharedState, req: GenerationRequest, prepare: F) -> Result<Response, ApiError>
+where
+    E: Encoder,
+    F: FnOnce(&Arc<LoadedModel>) -> Result<(Prompt, E), ApiError>,
+{
+    let model = state.models.get(&req.model).await?;
+    record_model(&model);
+    // Counted once the model is known: request JSON must not create metric series.
+    metrics::counter!(m::REQUESTS, "endpoint" => req.endpoint, "model" => model.name.clone()).increment(1);
+    let (prompt, encoder) = prepare(&model)?;
+    let info = model.engine.info();
+    if let Some(vocab) = info.vocab_size {
+        req.sampling.check_top_k(vocab)?;
+    }
+    let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
+    if let Some(context) = info.context_length {
+        req.sampling.check_context(prompt_tokens, context, req.prompt_param)?;
+    }
+    let input = GenerationInput { prompt, sampling: req.sampling, endpoint: req.endpoint, arrived: req.arrived };
+    let gen = generation::begin(&model, &state.cache, input).await?;
+    if req.stream {
+        stream(gen, encoder, req.endpoint).await
+    } else {
+        Ok(encoder.complete(generation::collect(gen).await?))
+    }
+}
+
+async fn stream<E: Encoder>(mut gen: Generation, mut encoder: E, endpoint: &'static str) -> Result<Response, ApiError> {
+    let first = gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
+    if let GenEvent::Done(Err(e)) = first {
+        return Err(e.into());
+    }
+    let mut out = Vec::new();
+    encoder.open(&mut out);
+    // The body is polled after the handler returned: the pump keeps the request's span for its logs.
+    let span = tracing::Span::current();
+    let mut pump = Pump { gen, encoder, endpoint, span, pending: out.into(), done: false };
+    pump.on(first);
+    let events = futures_util::stream::unfold(pump, |mut pump| async move {
+        loop {
+            if let Some(event) = pump.pending.pop_front() {
+                return Some((event, pump));
+            }
+            if pump.done {
+                return None;
+            }
+            match pump.gen.events.recv().await {
+                Some(ev) => pump.on(ev),
+                None => return None,
+            }
+        }
+    });
+    Ok(sse::response(events))
+}
+
+/// A stream's state between events: the generation, its encoder, and encoded events not yet sent.
+struct Pump<E> {
+    gen: Generation,
+    encoder: E,
+    endpoint: &'static str,
+    span: tracing::Span,
+    pending: VecDeque<String>,
+    done: bool,
+}
+
+impl<E: Encoder> Pump<E> {
+    fn on(&mut self, ev: GenEvent) {
+        let _span = self.span.clone().entered();
+        let mut out = Vec::new();
+        match ev {
+            GenEvent::Piece(p) => self.encoder.piece(p, &mut out),
+            GenEvent::Done(Ok(finished)) => {
+                self.encoder.finish(finished, &mut out);
+                self.done = true;
+            }
+            GenEvent::Done(Err(e)) => {
+                let e = ApiError::from(e);
+                count_error(self.endpoint, &e);
+                self.encoder.fail(&e, &mut out);
+                self.done = true;
+            }
+        }
+        self.pending.extend(out);
+    }
+}

@@ -1,0 +1,98 @@
+//! From a validated chat request to the prompt an engine reads: the wire's messages and tools
+//! become the chat template's own input (the `openai` crate does not know templates, the template
+//! crate does not know the wire), the model's template renders them, and a request that offers
+//! tools learns how to read calls back out of the answer.
+
+use crate::error::NodeError;
+use crate::generation::Prompt;
+use crate::models::LoadedModel;
+use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, RenderInput, Role, Tool, ToolCall};
+use llmr_engine_host::Capability;
+use llmr_openai::{ChatMessage, ChatRequest, FunctionTool, MessageContent, MessagePart, ToolChoice};
+use llmr_tool_calls::ToolCallFormat;
+
+/// How tool calls are read from a request's output.
+#[derive(Clone, Debug)]
+pub struct ToolParsing {
+    pub format: ToolCallFormat,
+    /// The names of the functions the request offered.
+    pub allowed: Vec<String>,
+    /// Text the prompt ends with to force a call (`tool_choice` required or named).
+    pub prefill: String,
+}
+
+/// The prompt for `req`, and how to read tool calls from the answer (when tools are offered).
+pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Option<ToolParsing>), NodeError> {
+    model.require(Capability::Text)?;
+    let templates =
+        model.templates.as_ref().ok_or(NodeError::Incapable { model: model.name.clone(), needs: Capability::Text })?;
+    let offer_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+    let messages: Vec<Message> = req.messages.iter().map(template_message).collect();
+    let tools: Vec<Tool> = req.tools.iter().map(template_tool).collect();
+    let mut input = RenderInput::new(&messages, true);
+    if offer_tools {
+        input = input.with_tools(&tools);
+    }
+    input.kwargs.extend(req.template_kwargs.clone());
+    let mut text = templates.render(&input).map_err(|e| NodeError::Template(e.to_string()))?;
+    if !offer_tools {
+        return Ok((Prompt::rendered(text), None));
+    }
+    let template = templates.select(true);
+    let architecture = model.engine.info().architecture.as_deref().unwrap_or_default();
+    let format = ToolCallFormat::detect(Some(template.source()), architecture);
+    let prefill = match &req.tool_choice {
+        ToolChoice::Required => format.forced_prefix(None),
+        ToolChoice::Function(name) => format.forced_prefix(Some(name)),
+        ToolChoice::Auto | ToolChoice::None => String::new(),
+    };
+    text.push_str(&prefill);
+    let allowed = req.tools.iter().map(|t| t.name.clone()).collect();
+    Ok((Prompt::rendered(text), Some(ToolParsing { format, allowed, prefill })))
+}
+
+fn template_role(role: llmr_openai::Role) -> Role {
+    match role {
+        llmr_openai::Role::System => Role::System,
+        llmr_openai::Role::Developer => Role::Developer,
+        llmr_openai::Role::User => Role::User,
+        llmr_openai::Role::Assistant => Role::Assistant,
+        llmr_openai::Role::Tool => Role::Tool,
+    }
+}
+
+/// A wire message as the templates see it. Tool-call arguments arrive as a JSON text and are
+/// handed to templates as an object (transformers' convention; many templates `tojson` them).
+fn template_message(m: &ChatMessage) -> Message {
+    let content = m.content.as_ref().map(|c| match c {
+        MessageContent::Text(t) => Content::Text(t.clone()),
+        MessageContent::Parts(parts) => Content::Parts(
+            parts
+                .iter()
+                .map(|p| match p {
+                    MessagePart::Text { text } => ContentPart::Text { text: text.clone() },
+                    MessagePart::ImageUrl { image_url } => {
+                        ContentPart::ImageUrl { image_url: ImageUrl { url: image_url.url.clone() } }
+                    }
+                })
+                .collect(),
+        ),
+    });
+    let tool_calls = m
+        .tool_calls
+        .iter()
+        .map(|c| ToolCall::from_json_arguments(Some(c.id.clone()), c.function.name.clone(), &c.function.arguments))
+        .collect();
+    Message {
+        role: template_role(m.role),
+        content,
+        reasoning_content: m.reasoning_content.clone(),
+        tool_calls,
+        tool_call_id: m.tool_call_id.clone(),
+        name: m.name.clone(),
+    }
+}
+
+fn template_tool(t: &FunctionTool) -> Tool {
+    Tool::function(t.name.clone(), t.description.clone(), t.parameters.clone())
+}
