@@ -11,7 +11,7 @@
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
 use crate::nodes::{InFlight, LiveNode};
-use crate::server::{HttpError, RouterState};
+use crate::server::RouterState;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -99,7 +99,7 @@ pub async fn list_models(State(state): State<Arc<RouterState>>) -> Response {
 pub async fn get_model(State(state): State<Arc<RouterState>>, Path(id): Path<String>) -> Response {
     match state.model_objects().into_iter().find(|m| m.id == id) {
         Some(m) => Json(m).into_response(),
-        None => HttpError(ApiError::model_not_found(&id)).into_response(),
+        None => ApiError::model_not_found(&id).into_response(),
     }
 }
 
@@ -182,14 +182,12 @@ async fn proxy(
     }
     let resp = match last {
         Some(Ok(reply)) => reply,
-        Some(Err(e)) => HttpError(e).into_response(),
-        None => HttpError(
-            ApiError::unavailable(format!(
-                "model `{}` is registered but no healthy node has it ready yet; retry shortly",
-                routed.model
-            ))
-            .with_code("model_not_ready"),
-        )
+        Some(Err(e)) => e.into_response(),
+        None => ApiError::unavailable(format!(
+            "model `{}` is registered but no healthy node has it ready yet; retry shortly",
+            routed.model
+        ))
+        .with_code("model_not_ready")
         .into_response(),
     };
     record(endpoint, &routed.model, "none", resp.status().as_u16(), started);
@@ -202,13 +200,8 @@ fn backoff(attempt: u32) -> Duration {
 
 fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
     metrics::counter!(m::REJECTED, "endpoint" => endpoint.label(), "status" => e.status.to_string()).increment(1);
-    let too_large = e.status == 413;
-    let mut resp = HttpError(e).into_response();
-    if too_large {
-        // The rest of the body was never read: the connection cannot carry another request.
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+    // A 413 says `Connection: close` itself: the rest of the body was never read.
+    e.into_response()
 }
 
 fn record(endpoint: Endpoint, model: &str, node: &str, status: u16, started: Instant) {

@@ -7,7 +7,7 @@ use crate::registration::Registrar;
 use crate::{admin, auth, gateway, metrics as m};
 use anyhow::{Context, Result};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::header;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -108,27 +108,6 @@ impl RouterState {
 
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// `ApiError` as an HTTP response.
-pub struct HttpError(pub ApiError);
-
-impl From<ApiError> for HttpError {
-    fn from(e: ApiError) -> Self {
-        HttpError(e)
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        let e = self.0;
-        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], e.to_json()).into_response();
-        if let Some(secs) = e.retry_after {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        resp
-    }
 }
 
 pub struct Router {
@@ -240,10 +219,10 @@ async fn metrics(State(s): State<Arc<RouterState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m::render(&s.nodes)).into_response()
 }
 
-async fn not_found(req: Request) -> HttpError {
-    HttpError(ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path())))
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
 }
 
-async fn method_not_allowed(req: Request) -> HttpError {
-    HttpError(ApiError::with_status(405, format!("{} is not allowed on {}", req.method(), req.uri().path())))
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::with_status(405, format!("{} is not allowed on {}", req.method(), req.uri().path()))
 }
