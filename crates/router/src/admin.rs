@@ -2,7 +2,7 @@
 
 use crate::db::DbError;
 use crate::keys::{random_token, Scope};
-use crate::server::{unix_now, RouterState};
+use crate::state::{unix_now, RouterState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};

@@ -3,7 +3,7 @@
 //! A missing or unknown key is 401, a known key without the scope 403.
 
 use crate::keys::{Principal, Scope};
-use crate::server::RouterState;
+use crate::state::RouterState;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;

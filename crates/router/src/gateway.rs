@@ -11,7 +11,7 @@
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
 use crate::nodes::{InFlight, LiveNode};
-use crate::server::RouterState;
+use crate::state::RouterState;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use llmr_model_store::pull::error_chain;
-use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ModelObject};
+use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -100,24 +100,6 @@ pub async fn get_model(State(state): State<Arc<RouterState>>, Path(id): Path<Str
     match state.model_objects().into_iter().find(|m| m.id == id) {
         Some(m) => Json(m).into_response(),
         None => ApiError::model_not_found(&id).into_response(),
-    }
-}
-
-impl RouterState {
-    fn model_objects(&self) -> Vec<ModelObject> {
-        let mut out: Vec<ModelObject> =
-            self.registered().iter().map(|m| ModelObject::new(m.name.clone(), m.registered_at)).collect();
-        for name in self.nodes.reported_models() {
-            if !out.iter().any(|m| m.id == name) {
-                out.push(ModelObject::new(name, self.started_unix));
-            }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        out
-    }
-
-    fn is_known_model(&self, name: &str) -> bool {
-        self.registered().iter().any(|m| m.name == name) || self.nodes.reported_models().iter().any(|m| m == name)
     }
 }
 
