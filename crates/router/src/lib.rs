@@ -8,6 +8,8 @@
 //! - [`gateway`]: `/v1/*` validation, proxying, retries; [`admin`]: `/v0/*`.
 //! - [`keys`] and [`auth`]: API keys with scopes; [`metrics`]: Prometheus.
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod auth;
 pub mod balance;
