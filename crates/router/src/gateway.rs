@@ -245,7 +245,7 @@ async fn forward(
     if (status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED) || status == StatusCode::TOO_MANY_REQUESTS {
         let headers = pass_headers(upstream.headers());
         let body = upstream.bytes().await.unwrap_or_default();
-        let error = node_error(status, &body);
+        let error = ApiError::from_body(status.as_u16(), &body);
         // Passed on as the node sent it when no other attempt does better.
         let reply = with_headers(Response::new(Body::from(body)), status, headers, node);
         if status.is_server_error() {
@@ -292,17 +292,6 @@ async fn forward(
             }
         }
     }
-}
-
-/// The node's own OpenAI error when it sent one, else a generic one with its status.
-fn node_error(status: StatusCode, body: &[u8]) -> ApiError {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let message = parsed
-        .as_ref()
-        .and_then(|v| v["error"]["message"].as_str())
-        .map(String::from)
-        .unwrap_or_else(|| format!("node answered HTTP {status}"));
-    ApiError::with_status(status.as_u16(), message)
 }
 
 fn pass_headers(from: &reqwest::header::HeaderMap) -> HeaderMap {
