@@ -7,6 +7,11 @@
 //! client: a non-streamed answer is read whole from the node before it is passed on (so a node
 //! dying mid-answer is retried elsewhere), a stream is passed through chunk by chunk, and a
 //! stream cut by its node ends with an SSE error event.
+//!
+//! Every attempt sends the request's id (`x-request-id`) to the node, the same on retries, so the
+//! node's log of the request names the id the client got back. The request's span gets `model`
+//! and `node`; the warnings logged here name `request_id`, `model` and `node` themselves, since a
+//! cut stream is noticed outside the span and the span (INFO) is off under a `warn` log filter.
 
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
@@ -21,6 +26,7 @@ use axum::Json;
 use futures_util::StreamExt;
 use llmr_model_store::pull::error_chain;
 use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList};
+use llmr_telemetry::request_id::{self, RequestId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,16 +85,24 @@ fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
     }
 }
 
-pub async fn chat(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Chat, body).await
+pub async fn chat(state: State<Arc<RouterState>>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, id, Endpoint::Chat, body).await
 }
 
-pub async fn completions(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Completions, body).await
+pub async fn completions(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy(state, id, Endpoint::Completions, body).await
 }
 
-pub async fn embeddings(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Embeddings, body).await
+pub async fn embeddings(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy(state, id, Endpoint::Embeddings, body).await
 }
 
 /// Models a client can ask for: registered ones and those some node serves from its own store.
@@ -111,8 +125,17 @@ fn rejection_error(rejection: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
+/// One validated request on its way to a node.
+struct Proxied {
+    id: RequestId,
+    endpoint: Endpoint,
+    routed: Routed,
+    body: Bytes,
+}
+
 async fn proxy(
     State(state): State<Arc<RouterState>>,
+    id: RequestId,
     endpoint: Endpoint,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -126,6 +149,10 @@ async fn proxy(
     if !state.is_known_model(&routed.model) {
         return refuse(endpoint, ApiError::model_not_found(&routed.model));
     }
+    // Recorded once known to be a model (a registered or reported name, not any client text).
+    tracing::Span::current().record("model", routed.model.as_str());
+    let req = Proxied { id, endpoint, routed, body };
+    let routed = &req.routed;
     let mut tried: Vec<String> = Vec::new();
     // The last failure: a node's own reply when there was one, else our description of it.
     let mut last: Option<Result<Response, ApiError>> = None;
@@ -140,8 +167,9 @@ async fn proxy(
             break;
         };
         tried.push(node.id.clone());
+        tracing::Span::current().record("node", node.name.as_str());
         let in_flight = node.begin();
-        match forward(&state, &node, endpoint, &body, routed.stream, in_flight).await {
+        match forward(&state, &node, &req, in_flight).await {
             Attempt::Done(resp) => {
                 record(endpoint, &routed.model, &node.name, resp.status().as_u16(), started);
                 return resp;
@@ -155,7 +183,7 @@ async fn proxy(
                 last = Some(Ok(reply));
             }
             Attempt::Retry { error, reason, reply } => {
-                tracing::warn!(node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
+                tracing::warn!(request_id = %req.id, node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
                 metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => reason).increment(1);
                 failures += 1;
                 last = Some(reply.ok_or(error));
@@ -205,20 +233,14 @@ enum Attempt {
     },
 }
 
-async fn forward(
-    state: &RouterState,
-    node: &Arc<LiveNode>,
-    endpoint: Endpoint,
-    body: &Bytes,
-    stream: bool,
-    in_flight: InFlight,
-) -> Attempt {
+async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_flight: InFlight) -> Attempt {
     let sent = state
         .http
-        .post(format!("{}{}", node.url, endpoint.path()))
+        .post(format!("{}{}", node.url, req.endpoint.path()))
         .header(header::CONTENT_TYPE, "application/json")
+        .header(request_id::HEADER, req.id.as_str())
         .bearer_auth(&node.secret)
-        .body(body.clone())
+        .body(req.body.clone())
         .send()
         .await;
     let upstream = match sent {
@@ -255,8 +277,9 @@ async fn forward(
     }
     let headers = pass_headers(upstream.headers());
     let is_sse = headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if stream && is_sse && status.is_success() {
+    if req.routed.stream && is_sse && status.is_success() {
         let name = node.name.clone();
+        let (id, model) = (req.id.clone(), req.routed.model.clone());
         let mut guard = Some(in_flight);
         // Chunks pass through as they come; an error ends the stream with one SSE error event.
         let body = upstream.bytes_stream().scan(false, move |cut, chunk| {
@@ -268,6 +291,8 @@ async fn forward(
                     guard.take();
                     metrics::counter!(m::STREAMS_CUT, "node" => name.clone()).increment(1);
                     let e = ApiError::with_status(502, format!("node '{name}' failed mid-stream: {}", error_chain(&e)));
+                    // Polled by the server after the handler returned: outside the request's span.
+                    tracing::warn!(request_id = %id, node = %name, model = %model, "{}", e.message);
                     Some(Ok(Bytes::from(llmr_openai::sse::error_event(&e))))
                 }
             };

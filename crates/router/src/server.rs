@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Json;
 use llmr_openai::ApiError;
+use llmr_telemetry::request_id;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -66,6 +67,8 @@ impl Router {
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(s.config.body_limit))
+            // Outermost, so every answer (fallbacks and auth refusals too) carries `x-request-id`.
+            .layer(middleware::from_fn(request_id::layer))
             .with_state(s)
     }
 
