@@ -2,7 +2,7 @@
 
 use crate::db::DbError;
 use crate::keys::{random_token, Scope};
-use crate::server::{unix_now, HttpError, RouterState};
+use crate::state::{unix_now, RouterState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -15,22 +15,20 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 
-type Result<T> = std::result::Result<T, HttpError>;
+type Result<T> = std::result::Result<T, ApiError>;
 
 fn parse<T: serde::de::DeserializeOwned>(body: std::result::Result<Bytes, BytesRejection>) -> Result<T> {
     let bytes =
         body.map_err(|r| ApiError::with_status(r.status().as_u16(), format!("could not read the request body: {r}")))?;
-    Ok(llmr_openai::parse_body(&bytes)?)
+    llmr_openai::parse_body(&bytes)
 }
 
-fn db_error(e: DbError) -> HttpError {
+fn db_error(e: DbError) -> ApiError {
     match e {
-        DbError::Exists(what) => {
-            HttpError(ApiError::with_status(409, format!("{what} already exists")).with_code("conflict"))
-        }
+        DbError::Exists(what) => ApiError::with_status(409, format!("{what} already exists")).with_code("conflict"),
         other => {
             tracing::error!("router database: {other}");
-            HttpError(ApiError::server(format!("router database: {other}")))
+            ApiError::server(format!("router database: {other}"))
         }
     }
 }
@@ -42,7 +40,7 @@ pub async fn register_model(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let req: RegisterModel = parse(body)?;
-    let manifest = s.registrar.manifest(&req, unix_now()).await.map_err(|e| HttpError(e.into_api_error()))?;
+    let manifest = s.registrar.manifest(&req, unix_now()).await.map_err(|e| e.into_api_error())?;
     s.db.insert_model(&manifest).map_err(db_error)?;
     s.models_changed().map_err(db_error)?;
     tracing::info!(model = %manifest.name, format = manifest.format.as_str(), files = manifest.files.len(), "model registered");
@@ -65,7 +63,7 @@ pub async fn manifest(State(s): State<Arc<RouterState>>, Path(path): Path<String
 
 pub async fn delete_model(State(s): State<Arc<RouterState>>, Path(name): Path<String>) -> Result<Response> {
     if !s.db.delete_model(&name).map_err(db_error)? {
-        return Err(ApiError::model_not_found(&name).into());
+        return Err(ApiError::model_not_found(&name));
     }
     s.models_changed().map_err(db_error)?;
     tracing::info!(model = %name, "model deleted");
@@ -106,8 +104,7 @@ pub async fn register_node(
                 reg.name
             ),
         )
-        .with_code("gpu_required")
-        .into());
+        .with_code("gpu_required"));
     }
     let mut info = serde_json::to_value(&reg).expect("serializable");
     info.as_object_mut().expect("an object").remove("secret");
@@ -132,8 +129,7 @@ pub async fn heartbeat(
     let was_healthy = s.nodes.get(&id).map(|n| n.is_healthy(s.nodes.heartbeat_timeout));
     if !s.nodes.heartbeat(&id, hb) {
         return Err(ApiError::not_found(format!("node '{id}' is not registered with this router; register again"))
-            .with_code("node_unknown")
-            .into());
+            .with_code("node_unknown"));
     }
     if was_healthy == Some(false) {
         tracing::info!(node = %id, "node healthy again");
@@ -171,7 +167,7 @@ pub async fn delete_node(State(s): State<Arc<RouterState>>, Path(id): Path<Strin
     let in_db = s.db.delete_node(&id).map_err(db_error)?;
     let live = s.nodes.remove(&id);
     if !in_db && !live {
-        return Err(ApiError::not_found(format!("node '{id}' does not exist")).into());
+        return Err(ApiError::not_found(format!("node '{id}' does not exist")));
     }
     Ok(Json(json!({ "id": id, "deleted": true })).into_response())
 }
@@ -191,12 +187,12 @@ pub async fn create_key(
 ) -> Result<Response> {
     let req: CreateKey = parse(body)?;
     if req.name.trim().is_empty() || req.name.len() > 128 {
-        return Err(ApiError::invalid("name", "must be 1 to 128 characters").into());
+        return Err(ApiError::invalid("name", "must be 1 to 128 characters"));
     }
     let scopes = parse_scopes(&req.scopes)
         .map_err(|bad| ApiError::invalid("scopes", format!("unknown scope '{bad}' (api, node, admin)")))?;
     if scopes.is_empty() {
-        return Err(ApiError::invalid("scopes", "name at least one of api, node, admin").into());
+        return Err(ApiError::invalid("scopes", "name at least one of api, node, admin"));
     }
     let key = s.keys.create(&s.db, &req.name, &scopes, unix_now()).map_err(db_error)?;
     let scopes: Vec<&str> = key.scopes.iter().map(|s| s.as_str()).collect();
@@ -221,7 +217,7 @@ pub async fn list_keys(State(s): State<Arc<RouterState>>) -> Result<Response> {
 
 pub async fn revoke_key(State(s): State<Arc<RouterState>>, Path(id): Path<String>) -> Result<Response> {
     if !s.keys.revoke(&s.db, &id, unix_now()).map_err(db_error)? {
-        return Err(ApiError::not_found(format!("no active key '{id}'")).into());
+        return Err(ApiError::not_found(format!("no active key '{id}'")));
     }
     Ok(Json(json!({ "id": id, "revoked": true })).into_response())
 }

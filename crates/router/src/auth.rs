@@ -3,7 +3,7 @@
 //! A missing or unknown key is 401, a known key without the scope 403.
 
 use crate::keys::{Principal, Scope};
-use crate::server::{HttpError, RouterState};
+use crate::state::RouterState;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -46,7 +46,7 @@ async fn require(state: Arc<RouterState>, scope: Scope, mut req: Request, next: 
         Err(e) => {
             metrics::counter!(crate::metrics::REJECTED, "endpoint" => "auth", "status" => e.status.to_string())
                 .increment(1);
-            HttpError(e).into_response()
+            e.into_response()
         }
     }
 }

@@ -7,11 +7,16 @@
 //! client: a non-streamed answer is read whole from the node before it is passed on (so a node
 //! dying mid-answer is retried elsewhere), a stream is passed through chunk by chunk, and a
 //! stream cut by its node ends with an SSE error event.
+//!
+//! Every attempt sends the request's id (`x-request-id`) to the node, the same on retries, so the
+//! node's log of the request names the id the client got back. The request's span gets `model`
+//! and `node`; the warnings logged here name `request_id`, `model` and `node` themselves, since a
+//! cut stream is noticed outside the span and the span (INFO) is off under a `warn` log filter.
 
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
 use crate::nodes::{InFlight, LiveNode};
-use crate::server::{HttpError, RouterState};
+use crate::state::RouterState;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -20,7 +25,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use llmr_model_store::pull::error_chain;
-use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ModelObject};
+use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList};
+use llmr_telemetry::request_id::{self, RequestId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,16 +85,24 @@ fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
     }
 }
 
-pub async fn chat(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Chat, body).await
+pub async fn chat(state: State<Arc<RouterState>>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, id, Endpoint::Chat, body).await
 }
 
-pub async fn completions(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Completions, body).await
+pub async fn completions(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy(state, id, Endpoint::Completions, body).await
 }
 
-pub async fn embeddings(state: State<Arc<RouterState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    proxy(state, Endpoint::Embeddings, body).await
+pub async fn embeddings(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy(state, id, Endpoint::Embeddings, body).await
 }
 
 /// Models a client can ask for: registered ones and those some node serves from its own store.
@@ -99,25 +113,7 @@ pub async fn list_models(State(state): State<Arc<RouterState>>) -> Response {
 pub async fn get_model(State(state): State<Arc<RouterState>>, Path(id): Path<String>) -> Response {
     match state.model_objects().into_iter().find(|m| m.id == id) {
         Some(m) => Json(m).into_response(),
-        None => HttpError(ApiError::model_not_found(&id)).into_response(),
-    }
-}
-
-impl RouterState {
-    fn model_objects(&self) -> Vec<ModelObject> {
-        let mut out: Vec<ModelObject> =
-            self.registered().iter().map(|m| ModelObject::new(m.name.clone(), m.registered_at)).collect();
-        for name in self.nodes.reported_models() {
-            if !out.iter().any(|m| m.id == name) {
-                out.push(ModelObject::new(name, self.started_unix));
-            }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        out
-    }
-
-    fn is_known_model(&self, name: &str) -> bool {
-        self.registered().iter().any(|m| m.name == name) || self.nodes.reported_models().iter().any(|m| m == name)
+        None => ApiError::model_not_found(&id).into_response(),
     }
 }
 
@@ -129,8 +125,17 @@ fn rejection_error(rejection: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
+/// One validated request on its way to a node.
+struct Proxied {
+    id: RequestId,
+    endpoint: Endpoint,
+    routed: Routed,
+    body: Bytes,
+}
+
 async fn proxy(
     State(state): State<Arc<RouterState>>,
+    id: RequestId,
     endpoint: Endpoint,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -144,6 +149,10 @@ async fn proxy(
     if !state.is_known_model(&routed.model) {
         return refuse(endpoint, ApiError::model_not_found(&routed.model));
     }
+    // Recorded once known to be a model (a registered or reported name, not any client text).
+    tracing::Span::current().record("model", routed.model.as_str());
+    let req = Proxied { id, endpoint, routed, body };
+    let routed = &req.routed;
     let mut tried: Vec<String> = Vec::new();
     // The last failure: a node's own reply when there was one, else our description of it.
     let mut last: Option<Result<Response, ApiError>> = None;
@@ -158,8 +167,9 @@ async fn proxy(
             break;
         };
         tried.push(node.id.clone());
+        tracing::Span::current().record("node", node.name.as_str());
         let in_flight = node.begin();
-        match forward(&state, &node, endpoint, &body, routed.stream, in_flight).await {
+        match forward(&state, &node, &req, in_flight).await {
             Attempt::Done(resp) => {
                 record(endpoint, &routed.model, &node.name, resp.status().as_u16(), started);
                 return resp;
@@ -173,7 +183,7 @@ async fn proxy(
                 last = Some(Ok(reply));
             }
             Attempt::Retry { error, reason, reply } => {
-                tracing::warn!(node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
+                tracing::warn!(request_id = %req.id, node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
                 metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => reason).increment(1);
                 failures += 1;
                 last = Some(reply.ok_or(error));
@@ -182,14 +192,12 @@ async fn proxy(
     }
     let resp = match last {
         Some(Ok(reply)) => reply,
-        Some(Err(e)) => HttpError(e).into_response(),
-        None => HttpError(
-            ApiError::unavailable(format!(
-                "model `{}` is registered but no healthy node has it ready yet; retry shortly",
-                routed.model
-            ))
-            .with_code("model_not_ready"),
-        )
+        Some(Err(e)) => e.into_response(),
+        None => ApiError::unavailable(format!(
+            "model `{}` is registered but no healthy node has it ready yet; retry shortly",
+            routed.model
+        ))
+        .with_code("model_not_ready")
         .into_response(),
     };
     record(endpoint, &routed.model, "none", resp.status().as_u16(), started);
@@ -202,13 +210,8 @@ fn backoff(attempt: u32) -> Duration {
 
 fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
     metrics::counter!(m::REJECTED, "endpoint" => endpoint.label(), "status" => e.status.to_string()).increment(1);
-    let too_large = e.status == 413;
-    let mut resp = HttpError(e).into_response();
-    if too_large {
-        // The rest of the body was never read: the connection cannot carry another request.
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
+    // A 413 says `Connection: close` itself: the rest of the body was never read.
+    e.into_response()
 }
 
 fn record(endpoint: Endpoint, model: &str, node: &str, status: u16, started: Instant) {
@@ -230,20 +233,14 @@ enum Attempt {
     },
 }
 
-async fn forward(
-    state: &RouterState,
-    node: &Arc<LiveNode>,
-    endpoint: Endpoint,
-    body: &Bytes,
-    stream: bool,
-    in_flight: InFlight,
-) -> Attempt {
+async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_flight: InFlight) -> Attempt {
     let sent = state
         .http
-        .post(format!("{}{}", node.url, endpoint.path()))
+        .post(format!("{}{}", node.url, req.endpoint.path()))
         .header(header::CONTENT_TYPE, "application/json")
+        .header(request_id::HEADER, req.id.as_str())
         .bearer_auth(&node.secret)
-        .body(body.clone())
+        .body(req.body.clone())
         .send()
         .await;
     let upstream = match sent {
@@ -270,7 +267,7 @@ async fn forward(
     if (status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED) || status == StatusCode::TOO_MANY_REQUESTS {
         let headers = pass_headers(upstream.headers());
         let body = upstream.bytes().await.unwrap_or_default();
-        let error = node_error(status, &body);
+        let error = ApiError::from_body(status.as_u16(), &body);
         // Passed on as the node sent it when no other attempt does better.
         let reply = with_headers(Response::new(Body::from(body)), status, headers, node);
         if status.is_server_error() {
@@ -280,8 +277,9 @@ async fn forward(
     }
     let headers = pass_headers(upstream.headers());
     let is_sse = headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if stream && is_sse && status.is_success() {
+    if req.routed.stream && is_sse && status.is_success() {
         let name = node.name.clone();
+        let (id, model) = (req.id.clone(), req.routed.model.clone());
         let mut guard = Some(in_flight);
         // Chunks pass through as they come; an error ends the stream with one SSE error event.
         let body = upstream.bytes_stream().scan(false, move |cut, chunk| {
@@ -293,6 +291,8 @@ async fn forward(
                     guard.take();
                     metrics::counter!(m::STREAMS_CUT, "node" => name.clone()).increment(1);
                     let e = ApiError::with_status(502, format!("node '{name}' failed mid-stream: {}", error_chain(&e)));
+                    // Polled by the server after the handler returned: outside the request's span.
+                    tracing::warn!(request_id = %id, node = %name, model = %model, "{}", e.message);
                     Some(Ok(Bytes::from(llmr_openai::sse::error_event(&e))))
                 }
             };
@@ -317,17 +317,6 @@ async fn forward(
             }
         }
     }
-}
-
-/// The node's own OpenAI error when it sent one, else a generic one with its status.
-fn node_error(status: StatusCode, body: &[u8]) -> ApiError {
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-    let message = parsed
-        .as_ref()
-        .and_then(|v| v["error"]["message"].as_str())
-        .map(String::from)
-        .unwrap_or_else(|| format!("node answered HTTP {status}"));
-    ApiError::with_status(status.as_u16(), message)
 }
 
 fn pass_headers(from: &reqwest::header::HeaderMap) -> HeaderMap {

@@ -1,0 +1,48 @@
+//! What a router is started with.
+
+use crate::keys::Scope;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// SQLite file (default `~/.llmr/router.db`).
+    pub db_path: PathBuf,
+    /// `false` only for a loopback-only router (`llmr serve` without a key, tests).
+    pub require_auth: bool,
+    /// The specs make GPUs a requirement for nodes; CPU nodes are an explicit fallback.
+    pub allow_cpu_nodes: bool,
+    pub heartbeat_interval: Duration,
+    /// Silent this long: unhealthy (no traffic) until the next heartbeat.
+    pub heartbeat_timeout: Duration,
+    pub body_limit: usize,
+    /// Hugging Face compatible hub for registrations (`HF_ENDPOINT`).
+    pub hub_endpoint: String,
+    pub hf_token: Option<String>,
+    /// Process-only keys (secret, name, scopes), e.g. `llmr serve --api-key` and the embedded
+    /// node's token.
+    pub fixed_keys: Vec<(String, String, Vec<Scope>)>,
+}
+
+impl RouterConfig {
+    pub fn new(db_path: PathBuf) -> Self {
+        RouterConfig {
+            db_path,
+            require_auth: true,
+            allow_cpu_nodes: false,
+            heartbeat_interval: Duration::from_secs(2),
+            heartbeat_timeout: Duration::from_secs(6),
+            body_limit: 16 << 20,
+            hub_endpoint: std::env::var("HF_ENDPOINT")
+                .ok()
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "https://huggingface.co".into()),
+            hf_token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            fixed_keys: Vec::new(),
+        }
+    }
+
+    pub fn default_db_path() -> Option<PathBuf> {
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".llmr").join("router.db"))
+    }
+}
