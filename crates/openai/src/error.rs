@@ -132,6 +132,14 @@ impl ApiError {
     }
 }
 
+/// The message of an error body another server sent (`{"error": {"message": ...}}` or
+/// `{"error": "..."}`); `None` when the body is not one.
+pub fn error_message(body: &[u8]) -> Option<String> {
+    match serde_json::from_slice::<ReceivedBody>(body).ok()?.error {
+        ReceivedError::Shaped { message, .. } | ReceivedError::Text(message) => Some(message),
+    }
+}
+
 impl ApiError {
     /// The error another OpenAI-compatible server answered with `status` and `body`: its message,
     /// param and code when the body has them, else the status alone.

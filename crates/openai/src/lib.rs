@@ -18,7 +18,7 @@ pub use chat::*;
 pub use common::*;
 pub use completions::*;
 pub use embeddings::*;
-pub use error::ApiError;
+pub use error::{error_message, ApiError};
 pub use json::parse_body;
 pub use models::*;
 pub use sampling::*;

@@ -10,8 +10,8 @@
 //!
 //! Every attempt sends the request's id (`x-request-id`) to the node, the same on retries, so the
 //! node's log of the request names the id the client got back. The request's span gets `model`
-//! and `node`; the warnings logged here name `request_id`, `model` and `node` themselves, since a
-//! cut stream is noticed outside the span and the span (INFO) is off under a `warn` log filter.
+//! and `node`, so what is logged while the handler runs names them; a cut stream is noticed
+//! outside the span (the body is polled after the handler returned) and names them itself.
 
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
@@ -150,7 +150,7 @@ async fn proxy(
         return refuse(endpoint, ApiError::model_not_found(&routed.model));
     }
     // Recorded once known to be a model (a registered or reported name, not any client text).
-    tracing::Span::current().record("model", routed.model.as_str());
+    tracing::Span::current().record("model", tracing::field::display(&routed.model));
     let req = Proxied { id, endpoint, routed, body };
     let routed = &req.routed;
     let mut tried: Vec<String> = Vec::new();
@@ -167,7 +167,7 @@ async fn proxy(
             break;
         };
         tried.push(node.id.clone());
-        tracing::Span::current().record("node", node.name.as_str());
+        tracing::Span::current().record("node", tracing::field::display(&node.name));
         let in_flight = node.begin();
         match forward(&state, &node, &req, in_flight).await {
             Attempt::Done(resp) => {
@@ -183,7 +183,7 @@ async fn proxy(
                 last = Some(Ok(reply));
             }
             Attempt::Retry { error, reason, reply } => {
-                tracing::warn!(request_id = %req.id, node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
+                tracing::warn!(attempt, "{reason}: {}", error.message);
                 metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => reason).increment(1);
                 failures += 1;
                 last = Some(reply.ok_or(error));

@@ -63,7 +63,9 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
 /// The middleware: takes or makes the id, runs the request in its span, names it in the answer.
 pub async fn layer(mut req: Request, next: Next) -> Response {
     let id = req.headers().get(HEADER).and_then(RequestId::from_header).unwrap_or_default();
-    let span = tracing::info_span!(
+    // At ERROR level so that it is on whenever warnings are logged (the default filter is `warn`):
+    // every warning and error logged while the request runs then names it.
+    let span = tracing::error_span!(
         "request",
         request_id = %id,
         method = %req.method(),

@@ -134,12 +134,7 @@ impl RouterClient {
 /// The `message` of an error body (`{"error": {"message": ...}}` or `{"error": "..."}`), else
 /// the body itself, shortened.
 fn error_message(body: &str) -> String {
-    let json: Option<serde_json::Value> = serde_json::from_str(body).ok();
-    let from_json = json.as_ref().and_then(|v| {
-        let e = &v["error"];
-        e["message"].as_str().or(e.as_str()).or(v["message"].as_str()).map(str::to_string)
-    });
-    let text = from_json.unwrap_or_else(|| body.trim().to_string());
+    let text = llmr_openai::error_message(body.as_bytes()).unwrap_or_else(|| body.trim().to_string());
     match text.char_indices().nth(300) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None if text.is_empty() => "(no message)".into(),

@@ -71,8 +71,8 @@ pub fn count_error(endpoint: &'static str, e: &ApiError) {
 /// Names the model and its engine in the request's span.
 pub fn record_model(model: &LoadedModel) {
     let span = tracing::Span::current();
-    span.record("model", model.name.as_str());
-    span.record("engine", model.engine_id());
+    span.record("model", tracing::field::display(&model.name));
+    span.record("engine", tracing::field::display(model.engine_id()));
 }
 
 /// Generates the answer to `req`. `prepare` turns the loaded model into the prompt and the

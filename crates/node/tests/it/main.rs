@@ -1,4 +1,5 @@
 //! The node's behaviour through its public API, with real plugins and HTTP on loopback.
 
 mod agent;
+mod http;
 mod support;

@@ -27,11 +27,17 @@ fn echo_library() -> PathBuf {
 /// An engines folder holding the echo plugin, declared as a `LlamaCpp` runtime so that it runs
 /// GGUF models of architecture `echo` from the store (and nothing else).
 pub fn echo_engines(root: &Path) -> PathBuf {
+    echo_engines_with_delay(root, 0)
+}
+
+/// [`echo_engines`] with `delay_ms` between generated tokens (the manifest's `token_delay_ms`).
+pub fn echo_engines_with_delay(root: &Path, delay_ms: u64) -> PathBuf {
     let dir = root.join("echo").join("cpu");
     std::fs::create_dir_all(&dir).unwrap();
     let text = std::fs::read_to_string(Path::new(REPO).join("engines/echo/cpu/manifest.json")).unwrap();
     let mut manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
     manifest["runtimes"] = serde_json::json!(["LlamaCpp"]);
+    manifest["parameters"]["token_delay_ms"] = serde_json::json!(delay_ms);
     manifest.as_object_mut().unwrap().remove("$schema");
     std::fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
     let lib = echo_library();

@@ -1,0 +1,296 @@
+//! The node's HTTP behaviour in process: requests go through `Node::router()` with
+//! `tower::ServiceExt::oneshot` (no listener), over the real echo plugin (which echoes the
+//! prompt word by word, so answers are known exactly).
+
+use crate::support::{echo_engines_with_delay, gguf, wait_until};
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::response::Response;
+use futures_util::StreamExt;
+use llmr_model_store::ModelDescriptor;
+use llmr_node::{Node, NodeConfig};
+use llmr_openai::{
+    ChatCompletion, ChatCompletionChunk, EmbeddingList, EmbeddingValue, FinishReason, Role, TextCompletion,
+};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+struct TestNode {
+    node: Node,
+    _dir: tempfile::TempDir,
+}
+
+/// A node serving one echo model named `name`; `delay_ms` between generated tokens.
+fn node_with(name: &str, delay_ms: u64, config: impl FnOnce(&mut NodeConfig)) -> TestNode {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = echo_engines_with_delay(&dir.path().join("engines"), delay_ms);
+    let model = dir.path().join(format!("{name}.gguf"));
+    std::fs::write(&model, gguf("echo", 64)).unwrap();
+    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
+    desc.name = name.to_owned();
+    let mut c = NodeConfig { engines_dir: engines, models: vec![desc], cache_bytes: Some(0), ..NodeConfig::default() };
+    config(&mut c);
+    TestNode { node: Node::new(c).unwrap(), _dir: dir }
+}
+
+fn node(name: &str) -> TestNode {
+    node_with(name, 0, |_| {})
+}
+
+fn post(path: &str, body: Value) -> Request<Body> {
+    Request::post(path).header(header::CONTENT_TYPE, "application/json").body(Body::from(body.to_string())).unwrap()
+}
+
+async fn call(node: &TestNode, req: Request<Body>) -> Response {
+    node.node.router().oneshot(req).await.unwrap()
+}
+
+async fn body_json<T: serde::de::DeserializeOwned>(resp: Response) -> T {
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// The `data:` payloads of an SSE body, in order.
+async fn events(resp: Response) -> Vec<String> {
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(text.ends_with("\n\n"), "{text:?}");
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_owned())
+        .collect()
+}
+
+async fn error_of(resp: Response) -> (StatusCode, Value) {
+    let status = resp.status();
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+    (status, body_json::<Value>(resp).await["error"].clone())
+}
+
+fn chat(model: &str, text: &str, extra: Value) -> Value {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": text}]});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test]
+async fn a_chat_answer_is_the_same_streamed_or_not() {
+    let n = node("echo-chat");
+    let resp = call(&n, post("/v1/chat/completions", chat("echo-chat", "hi there", json!({"max_tokens": 3})))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let whole: ChatCompletion = body_json(resp).await;
+    assert_eq!((whole.object.as_str(), whole.model.as_str()), ("chat.completion", "echo-chat"));
+    let choice = &whole.choices[0];
+    assert_eq!((choice.message.role, choice.finish_reason), (Role::Assistant, FinishReason::Length));
+    // The echo engine repeats the rendered (ChatML) prompt.
+    assert_eq!(choice.message.content.as_deref(), Some("<|im_start|>user hi there<|im_end|>"));
+    let usage = whole.usage.unwrap();
+    assert_eq!((usage.completion_tokens, usage.total_tokens), (3, usage.prompt_tokens + 3));
+
+    let extra = json!({"max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}});
+    let data = events(call(&n, post("/v1/chat/completions", chat("echo-chat", "hi there", extra))).await).await;
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<ChatCompletionChunk> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0].choices[0].delta.role, Some(Role::Assistant));
+    let text: String = chunks.iter().filter_map(|c| c.choices.first()?.delta.content.clone()).collect();
+    assert_eq!(Some(text.as_str()), choice.message.content.as_deref());
+    let finish: Vec<FinishReason> = chunks.iter().filter_map(|c| c.choices.first()?.finish_reason).collect();
+    assert_eq!(finish, [FinishReason::Length]);
+    let last = chunks.last().unwrap();
+    assert!(last.choices.is_empty(), "the usage chunk has no choices");
+    assert_eq!(last.usage, Some(usage));
+    assert!(chunks.iter().all(|c| c.id == chunks[0].id && c.object == "chat.completion.chunk"));
+}
+
+#[tokio::test]
+async fn completions_echo_the_prompt_and_offset_their_logprobs() {
+    let n = node("echo-text");
+    let body = json!({"model": "echo-text", "prompt": "one two three", "echo": true, "logprobs": 2, "max_tokens": 5});
+    let done: TextCompletion = body_json(call(&n, post("/v1/completions", body.clone())).await).await;
+    let choice = &done.choices[0];
+    // BOS is added to a raw prompt: 3 words + 1; all three words come back, so it stopped.
+    assert_eq!((choice.text.as_str(), choice.finish_reason), ("one two threeone two three", Some(FinishReason::Stop)));
+    let lp = choice.logprobs.as_ref().unwrap();
+    assert_eq!(lp.tokens, ["one", " two", " three"]);
+    assert_eq!(lp.text_offset, [13, 16, 20], "offsets count the echoed prompt");
+    assert_eq!(lp.top_logprobs[0].len(), 2);
+    assert_eq!(done.usage.unwrap().prompt_tokens, 4);
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let data = events(call(&n, post("/v1/completions", streamed)).await).await;
+    let chunks: Vec<TextCompletion> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let text: String = chunks.iter().map(|c| c.choices[0].text.as_str()).collect();
+    assert_eq!(text, choice.text);
+    let offsets: Vec<usize> =
+        chunks.iter().filter_map(|c| c.choices[0].logprobs.as_ref()).flat_map(|l| l.text_offset.clone()).collect();
+    assert_eq!(offsets, lp.text_offset);
+}
+
+#[tokio::test]
+async fn embeddings_are_normalized_and_shortened_on_request() {
+    let n = node("echo-embed");
+    let body = json!({"model": "echo-embed", "input": ["a b", "c"], "dimensions": 8});
+    let list: EmbeddingList = body_json(call(&n, post("/v1/embeddings", body)).await).await;
+    assert_eq!(list.data.len(), 2);
+    for item in &list.data {
+        let EmbeddingValue::Float(v) = &item.embedding else { panic!("floats were asked for") };
+        assert_eq!(v.len(), 8);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!(norm == 0.0 || (norm - 1.0).abs() < 1e-5, "{norm}");
+    }
+    assert_eq!(list.usage.prompt_tokens, 3);
+    let (status, e) = error_of(
+        call(&n, post("/v1/embeddings", json!({"model": "echo-embed", "input": "a", "dimensions": 65}))).await,
+    )
+    .await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("dimensions")));
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_status_and_name_the_field() {
+    let n = node("echo-errors");
+    let long_prompt = "word ".repeat(5000);
+    let cases: Vec<(Request<Body>, StatusCode, Option<&str>, Option<&str>)> = vec![
+        (
+            post("/v1/chat/completions", chat("nope", "hi", json!({}))),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+            Some("model_not_found"),
+        ),
+        (
+            post("/v1/chat/completions", chat("echo-errors", "hi", json!({"temperature": 3}))),
+            StatusCode::BAD_REQUEST,
+            Some("temperature"),
+            None,
+        ),
+        (
+            post("/v1/chat/completions", chat("echo-errors", "hi", json!({"top_k": 40000}))),
+            StatusCode::BAD_REQUEST,
+            Some("top_k"),
+            None,
+        ),
+        (
+            post("/v1/completions", json!({"model": "echo-errors", "prompt": "x", "logprobs": 9})),
+            StatusCode::BAD_REQUEST,
+            Some("logprobs"),
+            None,
+        ),
+        (
+            Request::post("/v1/chat/completions").body(Body::from("{\"model\": \"m\",\n \"messages\": [}")).unwrap(),
+            StatusCode::BAD_REQUEST,
+            None,
+            None,
+        ),
+        (Request::get("/v1/chat/completions").body(Body::empty()).unwrap(), StatusCode::METHOD_NOT_ALLOWED, None, None),
+        (Request::get("/v2/nothing").body(Body::empty()).unwrap(), StatusCode::NOT_FOUND, None, None),
+    ];
+    for (req, status, param, code) in cases {
+        let what = format!("{} {}", req.method(), req.uri());
+        let (got, e) = error_of(call(&n, req).await).await;
+        assert_eq!((got, e["param"].as_str(), e["code"].as_str()), (status, param, code), "{what}: {e}");
+        assert!(!e["message"].as_str().unwrap().is_empty(), "{what}");
+    }
+    // Over the context (4096 tokens for the echo model): both numbers, OpenAI's code.
+    let n = node("echo-context");
+    let (status, e) =
+        error_of(call(&n, post("/v1/completions", json!({"model": "echo-context", "prompt": long_prompt}))).await)
+            .await;
+    assert_eq!(
+        (status, e["param"].as_str(), e["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("prompt"), Some("context_length_exceeded"))
+    );
+    assert!(e["message"].as_str().unwrap().contains("4096"), "{e}");
+    // A body over the limit is a 413 that closes the connection (the rest is never read).
+    let n = node_with("echo-limit", 0, |c| c.body_limit = 1024);
+    let resp = call(&n, post("/v1/chat/completions", chat("echo-limit", &"x".repeat(2000), json!({})))).await;
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(resp.headers()[header::CONNECTION], "close");
+}
+
+#[tokio::test]
+async fn an_engine_failure_before_the_first_token_is_a_plain_error_even_when_streamed() {
+    let n = node("echo-panic");
+    let body = chat("echo-panic", "please PANIC_IN_INFER now", json!({"stream": true}));
+    let (status, e) = error_of(call(&n, post("/v1/chat/completions", body)).await).await;
+    assert_eq!((status, e["type"].as_str()), (StatusCode::INTERNAL_SERVER_ERROR, Some("server_error")));
+    assert!(e["message"].as_str().unwrap().contains("panicked"), "{e}");
+    // The node is unharmed.
+    let ok = call(&n, post("/v1/chat/completions", chat("echo-panic", "hi", json!({})))).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_full_queue_is_refused_and_a_client_that_leaves_frees_its_slot() {
+    let n = node_with("echo-busy", 50, |c| {
+        c.slots = 1;
+        c.queue_limit = 0;
+    });
+    // A long streamed answer holds the only slot.
+    let words = "w ".repeat(200);
+    let resp = call(
+        &n,
+        post("/v1/completions", json!({"model": "echo-busy", "prompt": words, "max_tokens": 200, "stream": true})),
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut stream = resp.into_body().into_data_stream();
+    assert!(stream.next().await.unwrap().unwrap().starts_with(b"data: "));
+    let resp = call(&n, post("/v1/completions", json!({"model": "echo-busy", "prompt": "x"}))).await;
+    assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    let (status, e) = error_of(resp).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("1 requests running and 0 queued"), "{e}");
+    // The client goes away: the slot is freed within a decode step, and the next request runs.
+    drop(stream);
+    let models = n.node.models().clone();
+    wait_until(60, "the slot is free", || models.loaded().iter().all(|m| m.admission.busy() == 0)).await;
+    let resp = call(&n, post("/v1/completions", json!({"model": "echo-busy", "prompt": "x y", "max_tokens": 1}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn request_ids_are_kept_or_made_and_come_back_on_errors_too() {
+    let n = node("echo-ids");
+    let mut req = post("/v1/chat/completions", chat("echo-ids", "hi", json!({})));
+    req.headers_mut().insert("x-request-id", "client-chose-this".parse().unwrap());
+    assert_eq!(call(&n, req).await.headers()["x-request-id"], "client-chose-this");
+    let made = call(&n, post("/v1/chat/completions", chat("nope", "hi", json!({})))).await;
+    assert_eq!(made.status(), StatusCode::NOT_FOUND);
+    let id = made.headers()["x-request-id"].to_str().unwrap();
+    assert!(id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+}
+
+#[tokio::test]
+async fn api_keys_guard_v1_and_nothing_else() {
+    let n = node_with("echo-keys", 0, |c| c.api_keys = vec!["secret".into()]);
+    let (status, e) = error_of(call(&n, Request::get("/v1/models").body(Body::empty()).unwrap()).await).await;
+    assert_eq!((status, e["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("invalid_api_key")));
+    let authorized =
+        Request::get("/v1/models").header(header::AUTHORIZATION, "Bearer secret").body(Body::empty()).unwrap();
+    let list: Value = body_json(call(&n, authorized).await).await;
+    assert_eq!(list["data"][0]["id"], "echo-keys");
+    let by_header = Request::get("/v1/models/echo-keys").header("x-api-key", "secret").body(Body::empty()).unwrap();
+    assert_eq!(call(&n, by_header).await.status(), StatusCode::OK);
+    assert_eq!(call(&n, Request::get("/health").body(Body::empty()).unwrap()).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_repeated_greedy_request_is_answered_from_the_cache() {
+    let n = node_with("echo-cached", 0, |c| c.cache_bytes = Some(1 << 20));
+    let body = chat("echo-cached", "same question", json!({"temperature": 0, "max_tokens": 4}));
+    let first: ChatCompletion = body_json(call(&n, post("/v1/chat/completions", body.clone())).await).await;
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let data = events(call(&n, post("/v1/chat/completions", streamed)).await).await;
+    let text: String = data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| serde_json::from_str::<ChatCompletionChunk>(d).unwrap().choices.first()?.delta.content.clone())
+        .collect();
+    assert_eq!(Some(text.as_str()), first.choices[0].message.content.as_deref());
+    let metrics = call(&n, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    let text = String::from_utf8(axum::body::to_bytes(metrics.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
+    assert!(text.lines().any(|l| l == "llmr_generation_cache_hits_total{model=\"echo-cached\"} 1"), "{text}");
+}
