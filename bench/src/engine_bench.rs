@@ -1,6 +1,7 @@
 //! Measures an engine plugin through the host, the way a node drives it: prompt processing
 //! (pp), single-sequence decode (tg) and aggregate decode at several concurrencies. Prints one
 //! JSON object; `bench/engine_bench.py` runs it beside llama.cpp's own tools and reports ratios.
+#![forbid(unsafe_code)]
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;

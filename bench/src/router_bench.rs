@@ -2,6 +2,7 @@
 //! straight to the node, and the requests/s each path sustains. The router and one node run as
 //! child processes of this program; the node answers from its temperature-0 answer cache, so what
 //! is measured is HTTP and proxy work, not the engine. See bench/README.md ("Router").
+#![forbid(unsafe_code)]
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;

@@ -16,6 +16,7 @@
 //! - `'%s' % x` (printf-style `%` on strings) is an error;
 //! - `~` and `str.format` print lists and dicts JSON-style (`["a"]`), not as Python (`['a']`);
 //! - tuples are lists.
+#![forbid(unsafe_code)]
 
 mod config;
 mod env;

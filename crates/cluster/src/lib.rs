@@ -6,6 +6,7 @@
 //! - [`manifest`]: what the router fixed at model registration and hands to nodes.
 //! - [`node`]: node registration and heartbeats (load and per-model readiness).
 //! - [`paths`]: the checks every file path from a manifest or a request goes through.
+#![forbid(unsafe_code)]
 
 pub mod manifest;
 pub mod node;

@@ -17,6 +17,7 @@
 //!
 //! Every file is hashed once, when the mirror starts (in a blocking task), and the digests are
 //! kept for the process, so several mirrors over the same model file hash it once.
+#![forbid(unsafe_code)]
 
 mod repo;
 mod routes;

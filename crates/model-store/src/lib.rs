@@ -7,6 +7,7 @@
 //!   one root, refusing any name that could reach outside it, and imports GGUF files atomically.
 //! - [`ModelDescriptor`] is the result: format, primary file, architecture, quantization,
 //!   context length, projector, runtime and capabilities.
+#![forbid(unsafe_code)]
 
 mod descriptor;
 mod error;

@@ -3,6 +3,7 @@
 //! stream-chunk and error shapes, checked against OpenAI's OpenAPI document by the tests.
 //!
 //! No other crate knows OpenAI JSON (DESIGN.md).
+#![forbid(unsafe_code)]
 
 mod chat;
 mod common;

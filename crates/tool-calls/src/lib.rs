@@ -34,6 +34,7 @@
 //! For `tool_choice` `"required"` or a named function, [`ToolCallFormat::forced_prefix`] gives the
 //! text to append to the prompt so that the model can only continue a call; the parser must be told
 //! ([`StreamParser::with_prefill`], [`ToolCallFormat::parse_with_prefill`]).
+#![forbid(unsafe_code)]
 
 mod call;
 mod format;

@@ -153,7 +153,9 @@ async fn embeddings_are_normalized_and_shortened_on_request() {
 async fn bad_requests_get_the_status_and_name_the_field() {
     let n = node("echo-errors");
     let long_prompt = "word ".repeat(5000);
-    let cases: Vec<(Request<Body>, StatusCode, Option<&str>, Option<&str>)> = vec![
+    // (request, status, param, code)
+    type Case = (Request<Body>, StatusCode, Option<&'static str>, Option<&'static str>);
+    let cases: Vec<Case> = vec![
         (
             post("/v1/chat/completions", chat("nope", "hi", json!({}))),
             StatusCode::NOT_FOUND,
