@@ -16,11 +16,11 @@ mod transfer;
 
 use self::select::{base_name, select_file};
 pub use self::select::{choose_gguf, GgufChoiceError};
-pub use self::transfer::error_chain;
 use crate::descriptor::ModelDescriptor;
 use crate::error::StoreError;
 use crate::name::{ModelName, NameError};
 use crate::store::ModelStore;
+use llmr_telemetry::error_chain;
 use reqwest::blocking::Client;
 pub use reqwest::Url;
 use std::fs;

@@ -19,8 +19,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use llmr_model_store::pull::error_chain;
 use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ModelObject};
+use llmr_telemetry::error_chain;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,13 @@
-//! One Prometheus recorder per process. `llmr serve` runs the router and a node in one process,
-//! and the `metrics` facade has a single global recorder, so both install and render through here.
+//! Observability shared by the router, the node and the binary:
+//!
+//! - One Prometheus recorder per process. `llmr serve` runs the router and a node in one
+//!   process, and the `metrics` facade has a single global recorder, so both install and render
+//!   through here.
+//! - [`error_chain`]: how an error and its sources are written into logs and messages.
+
+pub mod error_chain;
+
+pub use error_chain::error_chain;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;

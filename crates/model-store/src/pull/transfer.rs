@@ -2,6 +2,7 @@
 
 use super::{partial_path, Expected, Hub, PullError, RemoteFile, ATTEMPTS, MAX_REDIRECTS};
 use crate::name::ModelName;
+use llmr_telemetry::error_chain;
 use reqwest::blocking::Response;
 use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, ETAG, LOCATION, RANGE};
 use reqwest::{StatusCode, Url};
@@ -347,17 +348,6 @@ fn check_plain_status(response: &Response) -> Result<(), PullError> {
     } else {
         Err(PullError::Http { url: response.url().to_string(), status: status.as_u16() })
     }
-}
-
-/// An error and its sources, `: `-separated, for logs.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text = format!("{text}: {e}");
-        source = e.source();
-    }
-    text
 }
 
 /// `bytes START-END/TOTAL` (TOTAL may be `*`).

@@ -14,7 +14,6 @@
 use llmr_cluster::{
     check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, PathProblem,
 };
-pub(super) use llmr_model_store::pull::error_chain;
 use llmr_model_store::pull::{sha256_file, Expected, Hub, PullError, Url, DEFAULT_ENDPOINT};
 use llmr_model_store::{Format, ModelDescriptor, StoreError};
 use serde::{Deserialize, Serialize};

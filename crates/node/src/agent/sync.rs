@@ -15,6 +15,7 @@ use super::{AgentConfig, AgentError};
 use crate::models::ModelManager;
 use llmr_cluster::{ModelFormat, ModelManifest, ModelState, ModelStatus};
 use llmr_model_store::{Format, ModelDescriptor, ModelStore};
+use llmr_telemetry::error_chain;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,11 +61,10 @@ type Fetched = (String, ModelManifest, Result<ModelDescriptor, String>);
 async fn fetch(limiter: Arc<Semaphore>, root: PathBuf, manifest: ModelManifest, progress: Arc<Progress>) -> Fetched {
     let _permit = limiter.acquire_owned().await;
     let m = manifest.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        files::fetch_model(&root, &m, &progress).map_err(|e| files::error_chain(&e))
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("the fetch panicked: {e}")));
+    let result =
+        tokio::task::spawn_blocking(move || files::fetch_model(&root, &m, &progress).map_err(|e| error_chain(&e)))
+            .await
+            .unwrap_or_else(|e| Err(format!("the fetch panicked: {e}")));
     (manifest.name.clone(), manifest, result)
 }
 

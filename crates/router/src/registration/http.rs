@@ -2,7 +2,7 @@
 //! streams (nothing kept) and byte ranges.
 
 use super::{sha256_hex, RegisterError};
-use llmr_model_store::pull::error_chain;
+use llmr_telemetry::error_chain;
 use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, RANGE};
 use reqwest::{Client, RequestBuilder, Response, StatusCode, Url};
 use sha2::{Digest, Sha256};
