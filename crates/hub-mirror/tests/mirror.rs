@@ -1,9 +1,7 @@
-//! The mirror over real files: listings, downloads with ranges, errors, and our own hub client
-//! (`llmr_model_store::pull::Hub`) pulling a real GGUF through it.
+//! The mirror over real files: listings, downloads with ranges, errors. (Our own hub client
+//! pulling through it is tested in `llmr-hub`.)
 
 use llmr_hub_mirror::{HubMirror, LFS_THRESHOLD};
-use llmr_model_store::pull::{Hub, PullSpec};
-use llmr_model_store::{ModelName, ModelStore};
 use reqwest::blocking::Client;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -195,27 +193,4 @@ async fn starts_on_the_callers_runtime() {
     .unwrap();
     assert_eq!(body, "# hi");
     assert_eq!(hub.requests(), ["/o/n/resolve/main/README.md"]);
-}
-
-#[test]
-fn our_hub_client_locates_and_pulls_through_the_mirror() {
-    let dir = repo_dir();
-    let hub = HubMirror::start_blocking(vec![(REPO.into(), dir.path().into())]).unwrap();
-    let client = Hub::new(&hub.endpoint(), None).unwrap();
-    let spec = PullSpec::parse(&format!("{REPO}:Q8_0")).unwrap();
-    let remote = client.locate(&spec).unwrap();
-    assert_eq!(remote.path, "small/tiny-Q8_0.gguf");
-
-    let store_dir = tempfile::tempdir().unwrap();
-    let store = ModelStore::open(store_dir.path()).unwrap();
-    let name = ModelName::parse("tiny").unwrap();
-    let pulled = client.pull(&store, &remote, &name, |_, _| {}).unwrap();
-    assert!(!pulled.already_present);
-    assert_eq!(pulled.descriptor.architecture, "llama");
-    assert_eq!(pulled.extras, ["config.json"]);
-    let tiny = real_model("tiny", "tiny-random-llama.gguf");
-    let stored = store.model_dir(&name).join("tiny-Q8_0.gguf");
-    assert_eq!(std::fs::read(stored).unwrap(), std::fs::read(tiny).unwrap());
-    let log = hub.request_log();
-    assert!(log.iter().any(|r| r.path == format!("/{REPO}/resolve/main/small/tiny-Q8_0.gguf")), "{log:?}");
 }

@@ -1,6 +1,6 @@
 //! llmr's one client of Hugging Face compatible hubs (huggingface.co, a mirror, `HF_ENDPOINT`),
 //! used by the router's registrations, the node's file sync and `llmr pull`. Async (reqwest with
-//! rustls); the blocking caller, `llmr pull`, runs it on a runtime of its own.
+//! rustls); the one blocking caller, the `llmr pull` command, runs it on a runtime of its own.
 //!
 //! - [`Hub`]: the endpoint and token. The token is never `Debug`-printed and is sent only to
 //!   the hub's own origin, never to a server it redirects to (a CDN). Redirects are followed by
@@ -17,12 +17,20 @@
 //!   when right.
 //! - [`HubError`]: every failure, with the messages callers show (or map, the router into its
 //!   HTTP statuses).
+//! - [`choose_gguf`] and [`gguf_models`]: which GGUF file of a listing is the model, the rules
+//!   `llmr pull` and the router's registrations share.
+//! - [`pull`]: `llmr pull`'s logic, where hub and store meet: choose the file, download it,
+//!   import it into the [`ModelStore`](llmr_model_store::ModelStore) with its `config.json`.
 
+mod choice;
 mod client;
 mod download;
 mod error;
 mod hash;
 mod listing;
+pub mod pull;
+
+pub use choice::{base_name, choose_gguf, gguf_models, is_gguf_model, GgufChoiceError, PREFERRED_QUANTIZATIONS};
 
 pub use client::{endpoint_from_env, token_from_env, Hub, Known, Remote, DEFAULT_ENDPOINT};
 pub use download::{partial_path_for, staging_dir, STAGING_DIR};
