@@ -1,42 +1,11 @@
 //! The mirror over real files: listings, downloads with ranges, errors. (Our own hub client
 //! pulling through it is tested in `llmr-hub`.)
 
-use llmr_hub_mirror::{HubMirror, LFS_THRESHOLD};
+use llmr_hub_mirror::{link, real_model, recorded_sha256, HubMirror, LFS_THRESHOLD};
 use reqwest::blocking::Client;
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-
-/// A real model file cached by `scripts/fetch-models`; fails (never skips) when it is missing.
-fn real_model(asset: &str, file: &str) -> PathBuf {
-    let cache = match std::env::var_os("LLMR_MODEL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/llmr/models"),
-    };
-    let path = cache.join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `scripts/fetch-models {asset}` (or set LLMR_MODEL_CACHE to the cache)",
-        path.display()
-    );
-    path
-}
-
-/// The sha256 `scripts/fetch-models` recorded beside a cached model (`FILE.sha256`).
-fn recorded_sha256(model: &Path) -> String {
-    let sidecar = format!("{}.sha256", model.display());
-    let text = std::fs::read_to_string(&sidecar).unwrap_or_else(|e| panic!("{sidecar}: {e}"));
-    text.split_whitespace().next().unwrap().to_string()
-}
-
-fn link(target: &Path, link: &Path) {
-    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(target, link).unwrap();
-    #[cfg(not(unix))]
-    std::fs::copy(target, link).map(drop).unwrap();
-}
 
 const REPO: &str = "testorg/SmolLM2-GGUF";
 const BIG: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";

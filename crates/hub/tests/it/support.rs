@@ -7,20 +7,7 @@ use axum::response::Response;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// A real model file cached by `scripts/fetch-models`; fails (never skips) when it is missing.
-pub fn real_model(asset: &str, file: &str) -> PathBuf {
-    let cache = match std::env::var_os("LLMR_MODEL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/llmr/models"),
-    };
-    let path = cache.join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `scripts/fetch-models {asset}` (or set LLMR_MODEL_CACHE to the cache)",
-        path.display()
-    );
-    path
-}
+pub use llmr_hub_mirror::{link, real_model};
 
 pub fn smollm2() -> PathBuf {
     real_model("smollm2", "smollm2-135m-instruct-q4_1.gguf")
@@ -28,12 +15,6 @@ pub fn smollm2() -> PathBuf {
 
 pub fn tiny() -> PathBuf {
     real_model("tiny", "tiny-random-llama.gguf")
-}
-
-/// A symbolic link at `link` (its folders made) to `target`.
-pub fn link(target: &Path, link: &Path) {
-    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-    std::os::unix::fs::symlink(target, link).unwrap();
 }
 
 /// The names in a folder, sorted.

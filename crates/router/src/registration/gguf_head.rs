@@ -149,13 +149,9 @@ mod tests {
 
     /// SmolLM2 from `scripts/fetch-models`, served by a hub mirror.
     async fn smollm2_on_a_hub() -> (llmr_hub_mirror::HubMirror, tempfile::TempDir, u64) {
-        let home = std::env::var_os("HOME").expect("HOME is not set");
-        let cache = std::env::var_os("LLMR_MODEL_CACHE")
-            .map_or_else(|| PathBuf::from(home).join(".cache/llmr/models"), PathBuf::from);
-        let model = cache.join("smollm2-135m-instruct-q4_1.gguf");
-        assert!(model.is_file(), "{} is missing: run `scripts/fetch-models smollm2`", model.display());
+        let model = llmr_hub_mirror::real_model("smollm2", "smollm2-135m-instruct-q4_1.gguf");
         let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(&model, dir.path().join("m.gguf")).unwrap();
+        llmr_hub_mirror::link(&model, &dir.path().join("m.gguf"));
         let hub = llmr_hub_mirror::HubMirror::start(vec![("o/m".into(), dir.path().into())]).await.unwrap();
         let size = std::fs::metadata(&model).unwrap().len();
         (hub, dir, size)
