@@ -49,8 +49,7 @@ impl RegisterError {
             }
             HubError::Http { status: 401 | 403 | 404, .. } => Self::not_found(param, message),
             HubError::UnsafePath { .. } => Self::invalid(param, message),
-            HubError::InvalidEndpoint { .. } => Self::internal(format!("the router's hub: {message}")),
-            HubError::Io { .. } => Self::internal(message),
+            HubError::InvalidEndpoint { .. } | HubError::Io { .. } => Self::internal(message),
             HubError::Http { .. }
             | HubError::BadResponse { .. }
             | HubError::Request { .. }

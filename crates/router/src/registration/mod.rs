@@ -26,7 +26,7 @@ use self::rules::{Plan, Wanted, CONFIG, TOKENIZER_CONFIG};
 use llmr_cluster::{
     check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, RegisterModel,
 };
-use llmr_hub::{sha256_hex, Hub, HubError, ListedFile, Listing, Remote};
+use llmr_hub::{sha256_hex, Hub, HubError, ListedFile, Listing, Remote, Url};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -66,7 +66,7 @@ impl Registrar {
 
     /// The client for a registered URL: the hub's (with its token) when the URL is on the
     /// hub's origin, else one for the URL's own server, without the token.
-    fn client_for(&self, url: &llmr_hub::Url) -> Result<Hub, RegisterError> {
+    fn client_for(&self, url: &Url) -> Result<Hub, RegisterError> {
         match &self.hub {
             Ok(hub) => Ok(hub.for_url(url)),
             Err(_) => Hub::new(&url.origin().ascii_serialization(), None).map_err(|e| RegisterError::hub("url", e)),
