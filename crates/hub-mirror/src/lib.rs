@@ -17,11 +17,15 @@
 //!
 //! Every file is hashed once, when the mirror starts (in a blocking task), and the digests are
 //! kept for the process, so several mirrors over the same model file hash it once.
+//!
+//! [`real_model`] finds the real files tests serve, in the cache `scripts/fetch-models` fills.
 #![forbid(unsafe_code)]
 
+mod models;
 mod repo;
 mod routes;
 
+pub use models::{link, model_cache, real_model, recorded_sha256};
 pub use repo::LFS_THRESHOLD;
 
 use std::collections::BTreeMap;

@@ -1,44 +1,11 @@
-//! The mirror over real files: listings, downloads with ranges, errors, and our own hub client
-//! (`llmr_model_store::pull::Hub`) pulling a real GGUF through it.
+//! The mirror over real files: listings, downloads with ranges, errors. (Our own hub client
+//! pulling through it is tested in `llmr-hub`.)
 
-use llmr_hub_mirror::{HubMirror, LFS_THRESHOLD};
-use llmr_model_store::pull::{Hub, PullSpec};
-use llmr_model_store::{ModelName, ModelStore};
+use llmr_hub_mirror::{link, real_model, recorded_sha256, HubMirror, LFS_THRESHOLD};
 use reqwest::blocking::Client;
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-
-/// A real model file cached by `scripts/fetch-models`; fails (never skips) when it is missing.
-fn real_model(asset: &str, file: &str) -> PathBuf {
-    let cache = match std::env::var_os("LLMR_MODEL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/llmr/models"),
-    };
-    let path = cache.join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `scripts/fetch-models {asset}` (or set LLMR_MODEL_CACHE to the cache)",
-        path.display()
-    );
-    path
-}
-
-/// The sha256 `scripts/fetch-models` recorded beside a cached model (`FILE.sha256`).
-fn recorded_sha256(model: &Path) -> String {
-    let sidecar = format!("{}.sha256", model.display());
-    let text = std::fs::read_to_string(&sidecar).unwrap_or_else(|e| panic!("{sidecar}: {e}"));
-    text.split_whitespace().next().unwrap().to_string()
-}
-
-fn link(target: &Path, link: &Path) {
-    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(target, link).unwrap();
-    #[cfg(not(unix))]
-    std::fs::copy(target, link).map(drop).unwrap();
-}
 
 const REPO: &str = "testorg/SmolLM2-GGUF";
 const BIG: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";
@@ -195,27 +162,4 @@ async fn starts_on_the_callers_runtime() {
     .unwrap();
     assert_eq!(body, "# hi");
     assert_eq!(hub.requests(), ["/o/n/resolve/main/README.md"]);
-}
-
-#[test]
-fn our_hub_client_locates_and_pulls_through_the_mirror() {
-    let dir = repo_dir();
-    let hub = HubMirror::start_blocking(vec![(REPO.into(), dir.path().into())]).unwrap();
-    let client = Hub::new(&hub.endpoint(), None).unwrap();
-    let spec = PullSpec::parse(&format!("{REPO}:Q8_0")).unwrap();
-    let remote = client.locate(&spec).unwrap();
-    assert_eq!(remote.path, "small/tiny-Q8_0.gguf");
-
-    let store_dir = tempfile::tempdir().unwrap();
-    let store = ModelStore::open(store_dir.path()).unwrap();
-    let name = ModelName::parse("tiny").unwrap();
-    let pulled = client.pull(&store, &remote, &name, |_, _| {}).unwrap();
-    assert!(!pulled.already_present);
-    assert_eq!(pulled.descriptor.architecture, "llama");
-    assert_eq!(pulled.extras, ["config.json"]);
-    let tiny = real_model("tiny", "tiny-random-llama.gguf");
-    let stored = store.model_dir(&name).join("tiny-Q8_0.gguf");
-    assert_eq!(std::fs::read(stored).unwrap(), std::fs::read(tiny).unwrap());
-    let log = hub.request_log();
-    assert!(log.iter().any(|r| r.path == format!("/{REPO}/resolve/main/small/tiny-Q8_0.gguf")), "{log:?}");
 }

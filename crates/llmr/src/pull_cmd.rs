@@ -1,11 +1,15 @@
 //! `llmr pull NAME`: downloads a GGUF model from a Hugging Face compatible hub into the local
-//! store (`llmr_model_store::pull`), with a progress bar; `llmr pull --file PATH` imports a local
-//! GGUF instead. Either way it ends by printing the name the model is served as.
+//! store (`llmr_hub::pull`), with a progress bar; `llmr pull --file PATH` imports a local GGUF
+//! instead. Either way it ends by printing the name the model is served as.
+//!
+//! The hub client is async (the router and the node share it); this command is its one blocking
+//! caller and runs it on a current-thread runtime of its own, for the one pull it makes.
 
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use llmr_model_store::pull::{Hub, PullError, PullSpec};
+use llmr_hub::pull::PullSpec;
+use llmr_hub::Hub;
 use llmr_model_store::{ModelDescriptor, ModelName, ModelStore};
 use std::path::{Path, PathBuf};
 
@@ -79,21 +83,23 @@ fn download(store: &ModelStore, model: &str, name: Option<&str>) -> Result<Model
         None => spec.repo.clone(),
     };
     let hub = Hub::from_env()?;
-    let remote = hub.locate(&spec)?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let remote = runtime.block_on(hub.locate(&spec))?;
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}")?
             .progress_chars("=> "),
     );
     bar.set_message(remote.file_name().to_string());
-    let pulled = hub.pull(store, &remote, &name, |done, total| {
+    let pulled = runtime.block_on(hub.pull(store, &remote, &name, |done, total| {
         if let Some(total) = total {
             bar.set_length(total);
         }
         bar.set_position(done);
-    });
+    }));
     bar.finish_and_clear();
     let pulled = pulled.map_err(|error| {
-        let resumable = matches!(error, PullError::Transfer { .. } | PullError::Request { .. });
+        let resumable = error.is_resumable();
         let error = anyhow::Error::new(error);
         if resumable {
             error.context(format!("pulling {model} failed; run the same command again to resume"))

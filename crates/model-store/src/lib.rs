@@ -15,7 +15,6 @@ pub mod gguf;
 mod import;
 mod layout;
 mod name;
-pub mod pull;
 mod safetensors;
 mod store;
 

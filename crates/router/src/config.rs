@@ -33,11 +33,8 @@ impl RouterConfig {
             heartbeat_interval: Duration::from_secs(2),
             heartbeat_timeout: Duration::from_secs(6),
             body_limit: 16 << 20,
-            hub_endpoint: std::env::var("HF_ENDPOINT")
-                .ok()
-                .filter(|e| !e.is_empty())
-                .unwrap_or_else(|| "https://huggingface.co".into()),
-            hf_token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            hub_endpoint: llmr_hub::endpoint_from_env(),
+            hf_token: llmr_hub::token_from_env(),
             fixed_keys: Vec::new(),
         }
     }

@@ -3,7 +3,7 @@
 //! plus registrations by path and by URL.
 
 use llmr_cluster::{ModelFormat, ModelManifest, ModelSource, RegisterModel};
-use llmr_hub_mirror::HubMirror;
+use llmr_hub_mirror::{link, real_model, recorded_sha256, HubMirror};
 use llmr_router::registration::{RegisterError, Registrar};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -13,21 +13,6 @@ const SMOL_FILE: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";
 const SMOL_SIZE: u64 = 98_362_432;
 const NOW: u64 = 1_700_000_000;
 
-/// A real model file cached by `scripts/fetch-models`; fails (never skips) when it is missing.
-fn real_model(asset: &str, file: &str) -> PathBuf {
-    let cache = match std::env::var_os("LLMR_MODEL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/llmr/models"),
-    };
-    let path = cache.join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `scripts/fetch-models {asset}` (or set LLMR_MODEL_CACHE to the cache)",
-        path.display()
-    );
-    path
-}
-
 fn smollm2() -> PathBuf {
     real_model("smollm2", "smollm2-135m-instruct-q4_1.gguf")
 }
@@ -36,20 +21,8 @@ fn tiny() -> PathBuf {
     real_model("tiny", "tiny-random-llama.gguf")
 }
 
-/// The sha256 `scripts/fetch-models` verified and recorded beside a cached model.
-fn recorded_sha256(model: &Path) -> String {
-    let sidecar = format!("{}.sha256", model.display());
-    let text = std::fs::read_to_string(&sidecar).unwrap_or_else(|e| panic!("{sidecar}: {e}"));
-    text.split_whitespace().next().unwrap().to_string()
-}
-
 fn sha256(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
-}
-
-fn link(target: &Path, link: &Path) {
-    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-    std::os::unix::fs::symlink(target, link).unwrap();
 }
 
 fn write(dir: &Path, path: &str, bytes: &[u8]) {

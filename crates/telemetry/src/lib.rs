@@ -1,9 +1,16 @@
-//! What the router and the node share to be observed: one Prometheus recorder per process
-//! (`llmr serve` runs the router and a node in one process, and the `metrics` facade has a single
-//! global recorder, so both install and render through here) and request ids ([`request_id`]).
+//! Observability shared by the router, the node and the binary:
+//!
+//! - One Prometheus recorder per process. `llmr serve` runs the router and a node in one
+//!   process, and the `metrics` facade has a single global recorder, so both install and render
+//!   through here.
+//! - [`request_id`]: every request's id, in its span and its answer.
+//! - [`error_chain`]: how an error and its sources are written into logs and messages.
 #![forbid(unsafe_code)]
 
+pub mod error_chain;
 pub mod request_id;
+
+pub use error_chain::error_chain;
 pub use request_id::RequestId;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};

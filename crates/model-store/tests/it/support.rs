@@ -1,5 +1,6 @@
 //! Test support: a tiny GGUF writer for synthetic files, and the real model cache.
 
+pub use llmr_hub_mirror::real_model;
 use std::path::{Path, PathBuf};
 
 /// A metadata value to write. `Arr` holds its element type id and elements of that type.
@@ -178,25 +179,6 @@ pub fn small_model(arch: &str, file_type: u32, vocab: usize) -> GgufWriter {
         .tensor("blk.0.ffn_up.weight", &[64, 2], 2)
 }
 
-/// Where `scripts/fetch-models` caches the real models.
-pub fn model_cache() -> PathBuf {
-    match std::env::var_os("LLMR_MODEL_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache/llmr/models"),
-    }
-}
-
-/// A real model file from the cache; fails (never skips) when it has not been fetched.
-pub fn real_model(asset: &str, file: &str) -> PathBuf {
-    let path = model_cache().join(file);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `scripts/fetch-models {asset}` (or set LLMR_MODEL_CACHE to the cache)",
-        path.display()
-    );
-    path
-}
-
 pub fn smollm2() -> PathBuf {
     real_model("smollm2", "smollm2-135m-instruct-q4_1.gguf")
 }
@@ -220,12 +202,8 @@ pub fn qwen() -> PathBuf {
 /// Links `target` into `dir` under `name` (the store follows symbolic links, so tests need no
 /// copies of the real models).
 pub fn link(target: &Path, dir: &Path, name: &str) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(name);
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(target, &path).unwrap();
-    #[cfg(not(unix))]
-    std::fs::copy(target, &path).unwrap();
+    llmr_hub_mirror::link(target, &path);
     path
 }
 

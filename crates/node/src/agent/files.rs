@@ -1,11 +1,13 @@
 //! One model's files, as its manifest lists them: downloaded into `<store>/<name>/` (hub and URL
 //! sources) or used in place (path sources), each checked for size and sha256, then described.
 //!
-//! A download goes to `<store>/<name>/.download/<path>.partial` (hidden: the store never lists
-//! it), is resumed from there with a `Range` request, checked, and only then renamed to its
-//! final name: a corrupt or partial file never carries it. A file found under its final name is
-//! trusted when the model's record says it was checked with this size, time and sha256 (it was
-//! renamed into place only after its check); otherwise it is hashed once.
+//! A download goes through the hub client (`llmr_hub`, async) to
+//! `<store>/<name>/.download/<path>.partial` (hidden: the store never lists it), is resumed from
+//! there with a `Range` request, checked, and only then renamed to its final name: a corrupt or
+//! partial file never carries it. A file found under its final name is trusted when the model's
+//! record says it was checked with this size, time and sha256 (it was renamed into place only
+//! after its check); otherwise it is hashed once, on a blocking thread (as the model is
+//! described: both read local files whole).
 //!
 //! The record, `<store>/<name>/.llmr-manifest.json`, also marks the directory as the router's:
 //! the store's own models are the ones without it, so a model deleted at the router (its files
@@ -14,18 +16,16 @@
 use llmr_cluster::{
     check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, PathProblem,
 };
-pub(super) use llmr_model_store::pull::error_chain;
-use llmr_model_store::pull::{sha256_file, Expected, Hub, PullError, Url, DEFAULT_ENDPOINT};
+use llmr_hub::{is_sha256, partial_path_for, sha256_file, staging_dir, Hub, HubError, Known, Remote, Url};
 use llmr_model_store::{Format, ModelDescriptor, StoreError};
 use serde::{Deserialize, Serialize};
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::UNIX_EPOCH;
+use tokio::fs;
 
 /// Marks a model directory as synced from a router, and records which files were checked.
 pub(super) const RECORD: &str = ".llmr-manifest.json";
-const STAGING: &str = ".download";
 
 /// Why a model's files could not be made ready; its text (with its sources) is the `Failed`
 /// message of the heartbeat.
@@ -46,9 +46,11 @@ pub(super) enum FetchError {
     #[error("{}: its sha256 differs from the manifest's {expected}", path.display())]
     Digest { path: PathBuf, expected: String },
     #[error(transparent)]
-    Download(#[from] PullError),
+    Download(#[from] HubError),
     #[error(transparent)]
     Describe(#[from] StoreError),
+    #[error("a blocking task failed: {0}")]
+    Blocking(#[from] tokio::task::JoinError),
     #[error("the manifest says {manifest}, the files are {found}")]
     Format { manifest: &'static str, found: Format },
 }
@@ -104,26 +106,27 @@ struct Checked {
 }
 
 /// Size and modification time, the identity a check is recorded under.
-fn stamp(path: &Path) -> Option<(u64, u64)> {
-    let meta = fs::metadata(path).ok().filter(|m| m.is_file())?;
+async fn stamp(path: &Path) -> Option<(u64, u64)> {
+    let meta = fs::metadata(path).await.ok().filter(|m| m.is_file())?;
     let modified = meta.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
     Some((meta.len(), modified.as_nanos() as u64))
 }
 
 impl Record {
-    fn read(dir: &Path) -> Record {
-        fs::read(dir.join(RECORD)).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    async fn read(dir: &Path) -> Record {
+        fs::read(dir.join(RECORD)).await.ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
     }
 
     /// Written beside, then renamed: a crash leaves the old record or the new one.
-    fn write(&self, dir: &Path) -> Result<(), FetchError> {
+    async fn write(&self, dir: &Path) -> Result<(), FetchError> {
         let (tmp, path) = (dir.join(format!("{RECORD}.tmp")), dir.join(RECORD));
         let bytes = serde_json::to_vec_pretty(self).expect("a record serializes");
-        fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, &path)).map_err(io(&path))
+        fs::write(&tmp, bytes).await.map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).await.map_err(io(&path))
     }
 
-    fn trusts(&self, path: &Path, file: &ManifestFile) -> bool {
-        let Some((size, modified_ns)) = stamp(path) else { return false };
+    async fn trusts(&self, path: &Path, file: &ManifestFile) -> bool {
+        let Some((size, modified_ns)) = stamp(path).await else { return false };
         size == file.size
             && self.checked.iter().any(|c| {
                 c.path == path
@@ -133,9 +136,9 @@ impl Record {
             })
     }
 
-    fn note(&mut self, path: &Path, file: &ManifestFile) {
+    async fn note(&mut self, path: &Path, file: &ManifestFile) {
         self.checked.retain(|c| c.path != path);
-        if let Some((size, modified_ns)) = stamp(path) {
+        if let Some((size, modified_ns)) = stamp(path).await {
             let sha256 = file.sha256.to_ascii_lowercase();
             self.checked.push(Checked { path: path.to_path_buf(), size, modified_ns, sha256 });
         }
@@ -150,7 +153,7 @@ pub(super) fn check(m: &ModelManifest) -> Result<(), FetchError> {
     }
     for f in &m.files {
         check_relative_path(&f.path).map_err(refuse("file path", &f.path))?;
-        if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !is_sha256(&f.sha256) {
             return Err(FetchError::Manifest(format!("file {:?}: {:?} is not a sha256", f.path, f.sha256)));
         }
     }
@@ -170,52 +173,57 @@ pub(super) fn check(m: &ModelManifest) -> Result<(), FetchError> {
     Ok(())
 }
 
-/// Makes the model's files present and checked, and describes the model. Blocking.
-pub(super) fn fetch_model(
+/// Makes the model's files present and checked, and describes the model.
+pub(super) async fn fetch_model(
     store_root: &Path,
     m: &ModelManifest,
     progress: &Progress,
 ) -> Result<ModelDescriptor, FetchError> {
     check(m)?;
     let model_dir = store_root.join(&m.name);
-    fs::create_dir_all(&model_dir).map_err(io(&model_dir))?;
-    let mut record = Record::read(&model_dir);
+    fs::create_dir_all(&model_dir).await.map_err(io(&model_dir))?;
+    let mut record = Record::read(&model_dir).await;
     record.manifest = Some(m.clone());
-    record.write(&model_dir)?;
+    record.write(&model_dir).await?;
     progress.total.store(m.total_bytes(), Ordering::Relaxed);
 
     let files_dir = match &m.source {
         ModelSource::Path { dir } => {
             let dir = PathBuf::from(dir);
             for f in &m.files {
-                check_in_place(&dir.join(&f.path), f, &mut record)?;
+                check_in_place(&dir.join(&f.path), f, &mut record).await?;
                 progress.add(f.size);
             }
             dir
         }
         ModelSource::Hub { endpoint, repo, revision } => {
-            let hub = Hub::new(endpoint, hub_token(endpoint))?;
+            let hub = Hub::from_env_at(endpoint)?;
             for f in &m.files {
-                let url = hub.file_url_at(repo, revision, &f.path);
-                download(&hub, url, &model_dir, f, &mut record, progress)?;
+                download(&hub, hub.file(repo, revision, &f.path), &model_dir, f, &mut record, progress).await?;
             }
             model_dir.clone()
         }
         ModelSource::Url { url } => {
             let url = Url::parse(url).map_err(|e| FetchError::Manifest(format!("invalid URL {url:?}: {e}")))?;
+            // A URL's own server, never the hub's token.
             let hub = Hub::new(&url.origin().ascii_serialization(), None)?;
-            download(&hub, url, &model_dir, &m.files[0], &mut record, progress)?;
+            download(&hub, Remote::url(url), &model_dir, &m.files[0], &mut record, progress).await?;
             model_dir.clone()
         }
     };
-    record.write(&model_dir)?;
+    record.write(&model_dir).await?;
     if !matches!(m.source, ModelSource::Path { .. }) {
         // Every file is in place: nothing is left to resume.
-        let _ = fs::remove_dir_all(model_dir.join(STAGING));
+        let _ = fs::remove_dir_all(staging_dir(&model_dir)).await;
     }
 
-    let paths: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
-    let desc = ModelDescriptor::from_files(m.name.clone(), &files_dir, &m.primary, &paths)?;
+    let (name, primary) = (m.name.clone(), m.primary.clone());
+    let paths: Vec<String> = m.files.iter().map(|f| f.path.clone()).collect();
+    let desc = tokio::task::spawn_blocking(move || {
+        let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+        ModelDescriptor::from_files(name, &files_dir, &primary, &paths)
+    })
+    .await??;
     let expected = match m.format {
         ModelFormat::Gguf => Format::Gguf,
         ModelFormat::Safetensors => Format::Safetensors,
@@ -226,17 +234,9 @@ pub(super) fn fetch_model(
     Ok(desc)
 }
 
-/// `HF_TOKEN` goes to the hub `HF_ENDPOINT` names (default huggingface.co) and nowhere else: a
-/// manifest naming another endpoint must not receive it.
-fn hub_token(endpoint: &str) -> Option<String> {
-    let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty())?;
-    let ours = std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| DEFAULT_ENDPOINT.into());
-    (ours.trim_end_matches('/') == endpoint.trim_end_matches('/')).then_some(token)
-}
-
-fn download(
+async fn download(
     hub: &Hub,
-    url: Url,
+    remote: Remote,
     model_dir: &Path,
     f: &ManifestFile,
     record: &mut Record,
@@ -244,52 +244,54 @@ fn download(
 ) -> Result<(), FetchError> {
     let dest = model_dir.join(&f.path);
     if let Some(parent) = dest.parent() {
-        fs::create_dir_all(parent).map_err(io(parent))?;
+        fs::create_dir_all(parent).await.map_err(io(parent))?;
     }
-    if dest.exists() {
-        if record.trusts(&dest, f) || matches_digest(&dest, f)? {
-            record.note(&dest, f);
+    if fs::try_exists(&dest).await.map_err(io(&dest))? {
+        if record.trusts(&dest, f).await || matches_digest(&dest, f).await? {
+            record.note(&dest, f).await;
             progress.add(f.size);
             return Ok(());
         }
         tracing::warn!(file = %dest.display(), "differs from the router's manifest; fetching it again");
-        fs::remove_file(&dest).map_err(io(&dest))?;
+        fs::remove_file(&dest).await.map_err(io(&dest))?;
     }
-    let partial = model_dir.join(STAGING).join(format!("{}.partial", f.path));
+    let partial = partial_path_for(model_dir, &f.path);
     if let Some(parent) = partial.parent() {
-        fs::create_dir_all(parent).map_err(io(parent))?;
+        fs::create_dir_all(parent).await.map_err(io(parent))?;
     }
     let base = progress.get();
-    let expected = Expected { size: Some(f.size), sha256: Some(f.sha256.clone()) };
-    hub.fetch(url, &partial, &dest, &expected, |done, _| progress.set(base + done))?;
-    record.note(&dest, f);
+    let expected = Known { size: Some(f.size), sha256: Some(f.sha256.clone()) };
+    hub.download(&remote, &partial, &dest, &expected, |done, _| progress.set(base + done)).await?;
+    record.note(&dest, f).await;
     Ok(())
 }
 
 /// A file used where it is (a shared folder): it must be there with the manifest's size and,
 /// checked once per size and time, its sha256. Never deleted, whatever it holds.
-fn check_in_place(path: &Path, f: &ManifestFile, record: &mut Record) -> Result<(), FetchError> {
-    let meta = fs::metadata(path).map_err(io(path))?;
+async fn check_in_place(path: &Path, f: &ManifestFile, record: &mut Record) -> Result<(), FetchError> {
+    let meta = fs::metadata(path).await.map_err(io(path))?;
     if !meta.is_file() {
         return Err(io(path)(std::io::Error::other("not a file")));
     }
     if meta.len() != f.size {
         return Err(FetchError::Size { path: path.to_path_buf(), expected: f.size, actual: meta.len() });
     }
-    if !record.trusts(path, f) {
-        if !matches_digest(path, f)? {
+    if !record.trusts(path, f).await {
+        if !matches_digest(path, f).await? {
             return Err(FetchError::Digest { path: path.to_path_buf(), expected: f.sha256.clone() });
         }
-        record.note(path, f);
+        record.note(path, f).await;
     }
     Ok(())
 }
 
-fn matches_digest(path: &Path, f: &ManifestFile) -> Result<bool, FetchError> {
-    if fs::metadata(path).map_err(io(path))?.len() != f.size {
+/// Whether the file has the manifest's size and sha256 (hashed on a blocking thread).
+async fn matches_digest(path: &Path, f: &ManifestFile) -> Result<bool, FetchError> {
+    if fs::metadata(path).await.map_err(io(path))?.len() != f.size {
         return Ok(false);
     }
-    let actual = sha256_file(path).map_err(io(path))?;
+    let owned = path.to_path_buf();
+    let (_, actual) = tokio::task::spawn_blocking(move || sha256_file(&owned)).await?.map_err(io(path))?;
     Ok(actual.eq_ignore_ascii_case(&f.sha256))
 }
 
@@ -332,6 +334,7 @@ mod tests {
 mod fetch_tests {
     use super::*;
     use llmr_hub_mirror::HubMirror;
+    use std::fs;
 
     /// A GGUF with only `general.architecture`, followed by `data` bytes of filler.
     pub(crate) fn gguf(arch: &str, data: usize) -> Vec<u8> {
@@ -364,7 +367,7 @@ mod fetch_tests {
         fs::create_dir_all(repo_dir.join("sub")).unwrap();
         let bytes = gguf("echo", 300_000);
         fs::write(repo_dir.join("sub/m.gguf"), &bytes).unwrap();
-        let sha = sha256_file(&repo_dir.join("sub/m.gguf")).unwrap();
+        let (_, sha) = sha256_file(&repo_dir.join("sub/m.gguf")).unwrap();
         let store = tmp.path().join("store");
         fs::create_dir_all(&store).unwrap();
         Fixture { _tmp: tmp, store, repo_dir, bytes, sha }
@@ -388,17 +391,17 @@ mod fetch_tests {
         ModelSource::Hub { endpoint: mirror.endpoint(), repo: "org/m".into(), revision: "main".into() }
     }
 
-    #[test]
-    fn a_hub_download_resumes_its_partial_file_and_lands_checked() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hub_download_resumes_its_partial_file_and_lands_checked() {
         let f = fixture();
-        let mirror = HubMirror::start_blocking(vec![("org/m".into(), f.repo_dir.clone())]).unwrap();
+        let mirror = HubMirror::start(vec![("org/m".into(), f.repo_dir.clone())]).await.unwrap();
         let m = manifest("org/m", hub(&mirror), "sub/m.gguf", f.bytes.len() as u64, &f.sha);
         let partial = f.store.join("org/m/.download/sub/m.gguf.partial");
         fs::create_dir_all(partial.parent().unwrap()).unwrap();
         fs::write(&partial, &f.bytes[..100_000]).unwrap();
 
         let progress = Progress::default();
-        let desc = fetch_model(&f.store, &m, &progress).unwrap();
+        let desc = fetch_model(&f.store, &m, &progress).await.unwrap();
         let dest = f.store.join("org/m/sub/m.gguf");
         assert_eq!(
             (desc.name.as_str(), desc.primary_file.as_path(), desc.architecture.as_str()),
@@ -414,39 +417,40 @@ mod fetch_tests {
         assert_eq!(progress.get(), f.bytes.len() as u64);
 
         // Checked once: the next sync trusts the record and asks nothing.
-        fetch_model(&f.store, &m, &Progress::default()).unwrap();
+        fetch_model(&f.store, &m, &Progress::default()).await.unwrap();
         assert_eq!(mirror.request_log().len(), 1);
         // A file changed behind the record's back is hashed, found wrong, and fetched again.
         fs::write(&dest, vec![0u8; f.bytes.len()]).unwrap();
-        fetch_model(&f.store, &m, &Progress::default()).unwrap();
+        fetch_model(&f.store, &m, &Progress::default()).await.unwrap();
         assert_eq!(fs::read(&dest).unwrap(), f.bytes);
         assert_eq!(mirror.request_log().len(), 2);
     }
 
-    #[test]
-    fn a_corrupt_download_is_deleted_and_never_takes_the_final_name() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_corrupt_download_is_deleted_and_never_takes_the_final_name() {
         let f = fixture();
-        let mirror = HubMirror::start_blocking(vec![("org/m".into(), f.repo_dir.clone())]).unwrap();
+        let mirror = HubMirror::start(vec![("org/m".into(), f.repo_dir.clone())]).await.unwrap();
         let wrong = "0".repeat(64);
         let m = manifest("bad", hub(&mirror), "sub/m.gguf", f.bytes.len() as u64, &wrong);
-        let err = fetch_model(&f.store, &m, &Progress::default()).unwrap_err().to_string();
+        let err = fetch_model(&f.store, &m, &Progress::default()).await.unwrap_err().to_string();
         assert!(err.contains("sha256 mismatch") && err.contains(&f.sha), "{err}");
         assert!(!f.store.join("bad/sub/m.gguf").exists());
         assert!(!f.store.join("bad/.download/sub/m.gguf.partial").exists());
         // A size the server does not send is refused too.
         let m = manifest("bad", hub(&mirror), "sub/m.gguf", 10, &f.sha);
-        let err = fetch_model(&f.store, &m, &Progress::default()).unwrap_err().to_string();
+        let err = fetch_model(&f.store, &m, &Progress::default()).await.unwrap_err().to_string();
         assert!(err.contains("expected 10 bytes"), "{err}");
         assert!(!f.store.join("bad/sub/m.gguf").exists());
     }
 
-    #[test]
-    fn escaping_names_and_paths_are_refused_before_anything_is_touched() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn escaping_names_and_paths_are_refused_before_anything_is_touched() {
         let f = fixture();
-        let mirror = HubMirror::start_blocking(vec![("org/m".into(), f.repo_dir.clone())]).unwrap();
+        let mirror = HubMirror::start(vec![("org/m".into(), f.repo_dir.clone())]).await.unwrap();
         let size = f.bytes.len() as u64;
         for (name, path) in [("../outside", "sub/m.gguf"), ("m", "../m.gguf"), ("m", "/etc/passwd")] {
             let err = fetch_model(&f.store, &manifest(name, hub(&mirror), path, size, &f.sha), &Progress::default())
+                .await
                 .unwrap_err()
                 .to_string();
             assert!(err.starts_with("refusing"), "{err}");
@@ -455,14 +459,15 @@ mod fetch_tests {
         assert!(mirror.request_log().is_empty(), "nothing was requested");
     }
 
-    #[test]
-    fn a_path_source_is_used_in_place_and_never_modified() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_path_source_is_used_in_place_and_never_modified() {
         let f = fixture();
         let shared = f.repo_dir.to_string_lossy().into_owned();
         let source = || ModelSource::Path { dir: shared.clone() };
         let size = f.bytes.len() as u64;
         let desc =
             fetch_model(&f.store, &manifest("shared", source(), "sub/m.gguf", size, &f.sha), &Progress::default())
+                .await
                 .unwrap();
         assert_eq!(desc.primary_file, f.repo_dir.join("sub/m.gguf"));
         let in_store: Vec<_> = fs::read_dir(f.store.join("shared")).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -470,29 +475,32 @@ mod fetch_tests {
 
         let err =
             fetch_model(&f.store, &manifest("s2", source(), "sub/m.gguf", size + 1, &f.sha), &Progress::default())
+                .await
                 .unwrap_err()
                 .to_string();
         assert!(err.contains(&format!("{size} bytes, the manifest says {}", size + 1)), "{err}");
         let wrong = "1".repeat(64);
         let err = fetch_model(&f.store, &manifest("s3", source(), "sub/m.gguf", size, &wrong), &Progress::default())
+            .await
             .unwrap_err()
             .to_string();
         assert!(err.contains("sha256 differs"), "{err}");
         assert_eq!(fs::read(f.repo_dir.join("sub/m.gguf")).unwrap(), f.bytes, "a shared file is never touched");
         let err =
             fetch_model(&f.store, &manifest("s4", source(), "sub/absent.gguf", size, &f.sha), &Progress::default())
+                .await
                 .unwrap_err()
                 .to_string();
         assert!(err.contains("absent.gguf"), "{err}");
     }
 
-    #[test]
-    fn a_url_source_is_downloaded_like_a_hub_file() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_url_source_is_downloaded_like_a_hub_file() {
         let f = fixture();
-        let mirror = HubMirror::start_blocking(vec![("org/m".into(), f.repo_dir.clone())]).unwrap();
+        let mirror = HubMirror::start(vec![("org/m".into(), f.repo_dir.clone())]).await.unwrap();
         let url = format!("{}/org/m/resolve/main/sub/m.gguf", mirror.endpoint());
         let m = manifest("direct", ModelSource::Url { url }, "m.gguf", f.bytes.len() as u64, &f.sha);
-        let desc = fetch_model(&f.store, &m, &Progress::default()).unwrap();
+        let desc = fetch_model(&f.store, &m, &Progress::default()).await.unwrap();
         assert_eq!(desc.primary_file, f.store.join("direct/m.gguf"));
         assert_eq!(fs::read(&desc.primary_file).unwrap(), f.bytes);
     }

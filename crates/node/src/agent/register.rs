@@ -6,7 +6,7 @@
 
 use super::{AgentError, Backoff};
 use llmr_cluster::{Heartbeat, HeartbeatAck, ModelManifest, NodeRegistered, NodeRegistration};
-use llmr_model_store::pull::error_chain;
+use llmr_telemetry::error_chain;
 use reqwest::{StatusCode, Url};
 use serde::de::DeserializeOwned;
 use std::time::Duration;

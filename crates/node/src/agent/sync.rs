@@ -15,6 +15,7 @@ use super::{AgentConfig, AgentError};
 use crate::models::ModelManager;
 use llmr_cluster::{ModelFormat, ModelManifest, ModelState, ModelStatus};
 use llmr_model_store::{Format, ModelDescriptor, ModelStore};
+use llmr_telemetry::error_chain;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,15 +57,11 @@ struct InFlight {
 
 type Fetched = (String, ModelManifest, Result<ModelDescriptor, String>);
 
-/// One model's fetch, on a blocking thread once the limiter lets it start.
+/// One model's fetch, once the limiter lets it start. (A panic ends its task: `finish` reports
+/// the model failed.)
 async fn fetch(limiter: Arc<Semaphore>, root: PathBuf, manifest: ModelManifest, progress: Arc<Progress>) -> Fetched {
     let _permit = limiter.acquire_owned().await;
-    let m = manifest.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        files::fetch_model(&root, &m, &progress).map_err(|e| files::error_chain(&e))
-    })
-    .await
-    .unwrap_or_else(|e| Err(format!("the fetch panicked: {e}")));
+    let result = files::fetch_model(&root, &manifest, &progress).await.map_err(|e| error_chain(&e));
     (manifest.name.clone(), manifest, result)
 }
 

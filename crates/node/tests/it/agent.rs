@@ -3,8 +3,8 @@
 
 use crate::support::{echo_engines, gguf, node, wait_until, FakeRouter, NODE_TOKEN, USER_TOKEN};
 use llmr_cluster::{Heartbeat, ManifestFile, ModelFormat, ModelManifest, ModelSource, ModelState};
+use llmr_hub::sha256_file;
 use llmr_hub_mirror::HubMirror;
-use llmr_model_store::pull::sha256_file;
 use llmr_node::agent::{Agent, AgentConfig, AgentError, Backoff};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,7 +88,7 @@ fn file(path: &str, local: &Path) -> ManifestFile {
     ManifestFile {
         path: path.into(),
         size: std::fs::metadata(local).unwrap().len(),
-        sha256: sha256_file(local).unwrap(),
+        sha256: sha256_file(local).unwrap().1,
     }
 }
 

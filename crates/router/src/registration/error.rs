@@ -1,6 +1,8 @@
 //! Why a registration was refused, and the one place it becomes an HTTP answer.
 
+use llmr_hub::HubError;
 use llmr_openai::ApiError;
+use llmr_telemetry::error_chain;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
@@ -33,6 +35,28 @@ impl RegisterError {
 
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::Internal { message: message.into() }
+    }
+
+    /// The one mapping of the hub client's errors: what does not exist or is refused is 404 on
+    /// `param` (the field naming what was read), a listing naming an escaping path is 400, a
+    /// hub that fails or answers something unusable is 502.
+    pub(crate) fn hub(param: &'static str, error: HubError) -> Self {
+        let message = error_chain(&error);
+        match error {
+            HubError::RevisionNotFound { .. } => Self::not_found("revision", message),
+            HubError::RepoNotFound { .. } | HubError::FileNotFound { .. } | HubError::Unauthorized { .. } => {
+                Self::not_found(param, message)
+            }
+            HubError::Http { status: 401 | 403 | 404, .. } => Self::not_found(param, message),
+            HubError::UnsafePath { .. } => Self::invalid(param, message),
+            HubError::InvalidEndpoint { .. } | HubError::Io { .. } => Self::internal(message),
+            HubError::Http { .. }
+            | HubError::BadResponse { .. }
+            | HubError::Request { .. }
+            | HubError::Transfer { .. }
+            | HubError::SizeMismatch { .. }
+            | HubError::Sha256Mismatch { .. } => Self::upstream(message),
+        }
     }
 
     pub fn status(&self) -> u16 {
@@ -90,5 +114,22 @@ mod tests {
         let e = RegisterError::upstream("hub down").into_api_error();
         assert_eq!((e.status, e.kind, e.param, e.message.as_str()), (502, "server_error", None, "hub down"));
         assert_eq!(RegisterError::not_found("repo", "x").status(), 404);
+    }
+
+    #[test]
+    fn hub_errors_map_to_404_400_and_502() {
+        let hub = |e: HubError| {
+            let e = RegisterError::hub("url", e);
+            (e.status(), e.param())
+        };
+        let endpoint = "http://hub".to_string();
+        let (repo, revision) = ("o/m".to_string(), "v9".to_string());
+        assert_eq!(hub(HubError::RepoNotFound { repo: repo.clone(), endpoint: endpoint.clone() }), (404, Some("url")));
+        assert_eq!(hub(HubError::RevisionNotFound { repo, revision, endpoint }), (404, Some("revision")));
+        assert_eq!(hub(HubError::Http { url: "http://x/m.gguf".into(), status: 403 }), (404, Some("url")));
+        assert_eq!(hub(HubError::Http { url: "http://x/m.gguf".into(), status: 500 }), (502, None));
+        let problem = llmr_cluster::PathProblem::ParentComponent;
+        let unsafe_path = HubError::UnsafePath { repo: "o/m".into(), file: "../x".into(), problem };
+        assert_eq!(hub(unsafe_path), (400, Some("url")));
     }
 }

@@ -1,9 +1,9 @@
 //! What a GGUF says about itself (architecture, quantization, chat template), read from the head
-//! of the file only: over HTTP with `Range` requests that grow the prefix while the header
-//! parser wants bytes beyond it, or from a local file.
+//! of the file only: over HTTP with `Range` requests (through the hub client) that grow the
+//! prefix while the header parser wants bytes beyond it, or from a local file.
 
-use super::http::{fetch_range, Http, Remote};
 use super::RegisterError;
+use llmr_hub::{Hub, Remote};
 use llmr_model_store::gguf::{GgufError, GgufHeader};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::PathBuf;
@@ -96,8 +96,8 @@ fn not_gguf(param: &'static str, what: &str, error: GgufError) -> RegisterError 
 
 /// Reads the header of the remote GGUF of `size` bytes from its head.
 pub(super) async fn read_remote(
-    http: &Http,
-    remote: &Remote<'_>,
+    hub: &Hub,
+    remote: &Remote,
     size: u64,
     limits: HeadLimits,
     param: &'static str,
@@ -108,11 +108,7 @@ pub(super) async fn read_remote(
     loop {
         let have = head.len() as u64;
         if want > have {
-            let more = fetch_range(http, remote, have, want, param, what).await?;
-            if more.len() as u64 != want - have {
-                let message = format!("{what}: asked for bytes {have}..{want}, received {}", more.len());
-                return Err(RegisterError::upstream(message));
-            }
+            let more = hub.read_range(remote, have..want).await.map_err(|e| RegisterError::hub(param, e))?;
             head.extend_from_slice(&more);
         }
         match parse_prefix(&head, size) {
@@ -153,13 +149,9 @@ mod tests {
 
     /// SmolLM2 from `scripts/fetch-models`, served by a hub mirror.
     async fn smollm2_on_a_hub() -> (llmr_hub_mirror::HubMirror, tempfile::TempDir, u64) {
-        let home = std::env::var_os("HOME").expect("HOME is not set");
-        let cache = std::env::var_os("LLMR_MODEL_CACHE")
-            .map_or_else(|| PathBuf::from(home).join(".cache/llmr/models"), PathBuf::from);
-        let model = cache.join("smollm2-135m-instruct-q4_1.gguf");
-        assert!(model.is_file(), "{} is missing: run `scripts/fetch-models smollm2`", model.display());
+        let model = llmr_hub_mirror::real_model("smollm2", "smollm2-135m-instruct-q4_1.gguf");
         let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(&model, dir.path().join("m.gguf")).unwrap();
+        llmr_hub_mirror::link(&model, &dir.path().join("m.gguf"));
         let hub = llmr_hub_mirror::HubMirror::start(vec![("o/m".into(), dir.path().into())]).await.unwrap();
         let size = std::fs::metadata(&model).unwrap().len();
         (hub, dir, size)
@@ -168,11 +160,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_prefix_grows_until_the_header_fits_and_no_further_than_the_cap() {
         let (hub, _dir, size) = smollm2_on_a_hub().await;
-        let http = Http::new();
-        let remote =
-            Remote { url: format!("{}/o/m/resolve/main/m.gguf", hub.endpoint()).parse().unwrap(), token: None };
+        let client = Hub::new(&hub.endpoint(), None).unwrap();
+        let remote = client.file("o/m", "main", "m.gguf");
         let small = HeadLimits { initial: 64 << 10, max: 64 << 20 };
-        let facts = read_remote(&http, &remote, size, small, "repo", "m.gguf").await.unwrap();
+        let facts = read_remote(&client, &remote, size, small, "repo", "m.gguf").await.unwrap();
         assert_eq!(
             facts,
             GgufFacts {
@@ -188,7 +179,7 @@ mod tests {
         assert!(end > 1 << 20, "past the wanted byte by 1 MiB: {ranges:?}");
 
         let capped = HeadLimits { initial: 64 << 10, max: 1 << 20 };
-        let e = read_remote(&http, &remote, size, capped, "repo", "m.gguf").await.unwrap_err();
+        let e = read_remote(&client, &remote, size, capped, "repo", "m.gguf").await.unwrap_err();
         assert_eq!(e.param(), Some("repo"));
         assert!(e.to_string().contains("larger than 1 MiB"), "{e}");
     }

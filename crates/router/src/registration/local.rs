@@ -1,10 +1,10 @@
 //! A model at a path every node can read (a shared mount): a directory, listed like a
 //! repository, or one GGUF file (with its split parts). Files are hashed in place.
 
-use super::{sha256_hex, Listed, RegisterError};
+use super::RegisterError;
 use llmr_cluster::check_relative_path;
+use llmr_hub::{sha256_file, ListedFile};
 use llmr_model_store::{is_gguf, split_part, split_part_name};
-use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
@@ -17,7 +17,7 @@ const MAX_DEPTH: u32 = 8;
 pub(super) struct LocalModel {
     /// The model directory (the manifest's `source.dir`).
     pub dir: PathBuf,
-    pub files: Vec<Listed>,
+    pub files: Vec<ListedFile>,
     /// `Some(name)` when `path` named one file (the file to register).
     pub file: Option<String>,
     /// The default served name: the file's stem, or the directory's name.
@@ -64,7 +64,7 @@ pub(super) fn open(path: &str) -> Result<LocalModel, RegisterError> {
     let mut files = Vec::new();
     for name in names {
         let size = std::fs::metadata(dir.join(&name)).map_err(|e| io_error(&dir.join(&name), e))?.len();
-        files.push(Listed { path: name, size: Some(size), sha256: None });
+        files.push(ListedFile { path: name, size: Some(size), sha256: None });
     }
     let stem = file_name[..file_name.len() - ".gguf".len()].to_string();
     Ok(LocalModel { dir, files, file: Some(file_name), stem: Some(stem) })
@@ -72,7 +72,7 @@ pub(super) fn open(path: &str) -> Result<LocalModel, RegisterError> {
 
 /// Lists files under `dir` as `/`-separated relative paths, following symbolic links and
 /// skipping hidden entries (`.cache`, partial downloads).
-fn walk(dir: &Path, prefix: &str, out: &mut Vec<Listed>, depth: u32) -> Result<(), RegisterError> {
+fn walk(dir: &Path, prefix: &str, out: &mut Vec<ListedFile>, depth: u32) -> Result<(), RegisterError> {
     if depth > MAX_DEPTH {
         return Err(bad_path(format!("{}: directories nest deeper than {MAX_DEPTH} levels", dir.display())));
     }
@@ -96,7 +96,7 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Listed>, depth: u32) -> Result<(
             if out.len() >= MAX_FILES {
                 return Err(bad_path(format!("more than {MAX_FILES} files: is this a model directory?")));
             }
-            out.push(Listed { path: rel, size: Some(meta.len()), sha256: None });
+            out.push(ListedFile { path: rel, size: Some(meta.len()), sha256: None });
         }
     }
     Ok(())
@@ -104,22 +104,7 @@ fn walk(dir: &Path, prefix: &str, out: &mut Vec<Listed>, depth: u32) -> Result<(
 
 /// Size and sha256 of a local file, read in chunks. Blocking.
 pub(super) fn hash_file(path: &Path) -> Result<(u64, String), RegisterError> {
-    let mut file = File::open(path).map_err(|e| io_error(path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                hasher.update(&buf[..n]);
-                size += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_error(path, e)),
-        }
-    }
-    Ok((size, sha256_hex(hasher)))
+    sha256_file(path).map_err(|e| io_error(path, e))
 }
 
 /// A small file's content, refusing one over `limit` bytes. Blocking.

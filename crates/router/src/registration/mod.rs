@@ -5,15 +5,16 @@
 //! requests of the file's head.
 //!
 //! - `rules`: which files of a listing make the model (format, GGUF choice, safetensors rules).
-//! - `hub`: a repository's listing at a revision, pinned to its commit.
 //! - `local`: a directory or GGUF file on a mount every node reads at the same path.
 //! - `url`: one GGUF file at an http(s) URL.
 //! - `gguf_head`: architecture, quantization and chat template from a GGUF's head.
+//!
+//! Every hub and URL request goes through the one hub client (`llmr_hub`): listings pinned to
+//! their commit, redirects, the token's scope, Range reads and hashing; its errors become
+//! [`RegisterError`]s in one place, `RegisterError::hub`.
 
 mod error;
 mod gguf_head;
-mod http;
-mod hub;
 mod local;
 mod rules;
 mod url;
@@ -21,69 +22,55 @@ mod url;
 pub use error::RegisterError;
 
 use self::gguf_head::{GgufFacts, HEAD_LIMITS};
-use self::http::{check, hash_body, read_limited, send, Http};
-use self::hub::HubRepo;
 use self::rules::{Plan, Wanted, CONFIG, TOKENIZER_CONFIG};
 use llmr_cluster::{
     check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, RegisterModel,
 };
-use reqwest::Url;
+use llmr_hub::{sha256_hex, Hub, HubError, ListedFile, Listing, Remote, Url};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// JSON files read for their content (configs, safetensors index); larger ones are refused.
 const JSON_LIMIT: u64 = 32 << 20;
 
 /// Registers models from a Hugging Face compatible hub, a shared path or a URL. Not `Debug`, so
 /// the token cannot end up in a log.
 pub struct Registrar {
-    http: Http,
+    /// The client of the hub for `repo` registrations, or why the endpoint is unusable.
+    hub: Result<Hub, HubError>,
     endpoint: String,
-    token: Option<String>,
-}
-
-/// A file as a listing gives it: its path in the model directory, and what is known already.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Listed {
-    pub path: String,
-    pub size: Option<u64>,
-    /// Lower-case hex; known for LFS files of a hub listing.
-    pub sha256: Option<String>,
-}
-
-pub(crate) fn is_sha256(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-pub(crate) fn sha256_hex(hasher: Sha256) -> String {
-    hasher.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Where a listing's files are read: a hub repository or a local directory.
-enum Source<'a> {
-    Hub(HubRepo<'a>),
+enum Source {
+    Hub(Listing),
     Local(PathBuf),
 }
 
 impl Registrar {
-    /// `default_endpoint`: the hub for `repo` registrations (`HF_ENDPOINT`, default
-    /// [`DEFAULT_ENDPOINT`]); `token` is sent to it (only) as a bearer token.
+    /// `default_endpoint`: the hub for `repo` registrations (`HF_ENDPOINT`); `token` is sent to
+    /// it (only) as a bearer token.
     pub fn new(default_endpoint: String, token: Option<String>) -> Self {
         let endpoint = default_endpoint.trim_end_matches('/').to_string();
-        Self { http: Http::new(), endpoint, token: token.filter(|t| !t.is_empty()) }
-    }
-
-    /// `HF_ENDPOINT` and `HF_TOKEN`, as the Hugging Face tools read them.
-    pub fn from_env() -> Self {
-        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-        Self::new(var("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()), var("HF_TOKEN"))
+        Self { hub: Hub::new(&endpoint, token), endpoint }
     }
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    fn hub(&self) -> Result<&Hub, RegisterError> {
+        self.hub.as_ref().map_err(|e| RegisterError::internal(format!("the router's hub: {e}")))
+    }
+
+    /// The client for a registered URL: the hub's (with its token) when the URL is on the
+    /// hub's origin, else one for the URL's own server, without the token.
+    fn client_for(&self, url: &Url) -> Result<Hub, RegisterError> {
+        match &self.hub {
+            Ok(hub) => Ok(hub.for_url(url)),
+            Err(_) => Hub::new(&url.origin().ascii_serialization(), None).map_err(|e| RegisterError::hub("url", e)),
+        }
     }
 
     /// Checks the request and builds its manifest (registered at `now_unix`).
@@ -103,26 +90,17 @@ impl Registrar {
         Ok(manifest)
     }
 
-    fn endpoint_url(&self) -> Result<Url, RegisterError> {
-        let bad = |why: String| RegisterError::internal(format!("the router's hub endpoint {:?} {why}", self.endpoint));
-        let url = Url::parse(&self.endpoint).map_err(|e| bad(format!("is not a URL: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() {
-            return Err(bad("is not an http(s) URL".into()));
-        }
-        Ok(url)
-    }
-
     async fn by_repo(&self, repo: &str, req: &RegisterModel) -> Result<ModelManifest, RegisterError> {
         let revision = req.revision.as_deref().unwrap_or("main");
-        let (hub, listing) =
-            HubRepo::list(&self.http, self.endpoint_url()?, self.token.as_deref(), repo, revision).await?;
+        let listing = self.hub()?.list(repo, revision).await.map_err(|e| RegisterError::hub("repo", e))?;
         let name = req.name.clone().unwrap_or_else(|| repo.to_string());
         let model_source = ModelSource::Hub {
             endpoint: self.endpoint.clone(),
             repo: repo.to_string(),
-            revision: hub.revision.clone(),
+            revision: listing.revision.clone(),
         };
-        self.build(&Source::Hub(hub), &listing, wanted(req, "repo"), name, model_source).await
+        let files = listing.files.clone();
+        self.build(&Source::Hub(listing), &files, wanted(req, "repo"), name, model_source).await
     }
 
     async fn by_path(&self, path: &str, req: &RegisterModel) -> Result<ModelManifest, RegisterError> {
@@ -147,9 +125,7 @@ impl Registrar {
             return Err(RegisterError::invalid("format", "a URL registers one GGUF file"));
         }
         let (parsed, file_name) = url::parse(url)?;
-        // The token goes to the hub only, never to another server.
-        let token = self.token.as_deref().filter(|_| self.endpoint_url().is_ok_and(|e| e.origin() == parsed.origin()));
-        let model = url::inspect(&self.http, parsed, file_name, token).await?;
+        let model = url::inspect(&self.client_for(&parsed)?, parsed, file_name).await?;
         let name = default_name(req, Some(&model.stem), "url")?;
         Ok(ModelManifest {
             name,
@@ -168,15 +144,15 @@ impl Registrar {
     /// and which nodes fetch from `model_source`.
     async fn build(
         &self,
-        source: &Source<'_>,
-        listing: &[Listed],
+        source: &Source,
+        listing: &[ListedFile],
         wanted: Wanted<'_>,
         name: String,
         model_source: ModelSource,
     ) -> Result<ModelManifest, RegisterError> {
         let paths: Vec<String> = listing.iter().map(|l| l.path.clone()).collect();
-        let by_name: HashMap<&str, &Listed> = listing.iter().map(|l| (l.path.as_str(), l)).collect();
-        let listed = |path: &str| -> &Listed { by_name[path] };
+        let by_name: HashMap<&str, &ListedFile> = listing.iter().map(|l| (l.path.as_str(), l)).collect();
+        let listed = |path: &str| -> &ListedFile { by_name[path] };
         let mut plan: Plan = rules::plan(&paths, &wanted)?;
 
         // Configs and the index are read for their content; they are small JSON.
@@ -195,7 +171,7 @@ impl Registrar {
         let mut files = Vec::with_capacity(plan.files.len());
         for path in &plan.files {
             let (size, sha256) = match contents.get(path) {
-                Some(bytes) => (bytes.len() as u64, sha256_hex(Sha256::new_with_prefix(bytes))),
+                Some(bytes) => (bytes.len() as u64, sha256_hex(bytes)),
                 None => self.size_and_sha256(source, listed(path), wanted.param).await?,
             };
             files.push(ManifestFile { path: path.clone(), size, sha256 });
@@ -231,18 +207,22 @@ impl Registrar {
         })
     }
 
+    /// The hub client and the file of the listing at its pinned revision.
+    fn remote(&self, listing: &Listing, path: &str) -> Result<(&Hub, Remote), RegisterError> {
+        let hub = self.hub()?;
+        Ok((hub, listing.file(hub, path)))
+    }
+
     async fn read_json(
         &self,
-        source: &Source<'_>,
-        file: &Listed,
+        source: &Source,
+        file: &ListedFile,
         param: &'static str,
     ) -> Result<Vec<u8>, RegisterError> {
         let bytes = match source {
-            Source::Hub(hub) => {
-                let remote = hub.remote(&file.path);
-                let what = format!("'{}' of repository '{}'", file.path, hub.repo);
-                let response = check(send(self.http.get(&remote), &remote.url).await?, param, &what)?;
-                read_limited(response, JSON_LIMIT, &what).await?
+            Source::Hub(listing) => {
+                let (hub, remote) = self.remote(listing, &file.path)?;
+                hub.read(&remote, JSON_LIMIT).await.map_err(|e| RegisterError::hub(param, e))?
             }
             Source::Local(dir) => {
                 let path = dir.join(&file.path);
@@ -262,18 +242,17 @@ impl Registrar {
     /// From the listing when it knows both (LFS files), else by hashing the file as it streams.
     async fn size_and_sha256(
         &self,
-        source: &Source<'_>,
-        file: &Listed,
+        source: &Source,
+        file: &ListedFile,
         param: &'static str,
     ) -> Result<(u64, String), RegisterError> {
         if let (Some(size), Some(sha256)) = (file.size, &file.sha256) {
             return Ok((size, sha256.clone()));
         }
         let (size, sha256) = match source {
-            Source::Hub(hub) => {
-                let remote = hub.remote(&file.path);
-                let what = format!("'{}' of repository '{}'", file.path, hub.repo);
-                hash_body(check(send(self.http.get(&remote), &remote.url).await?, param, &what)?).await?
+            Source::Hub(listing) => {
+                let (hub, remote) = self.remote(listing, &file.path)?;
+                hub.hash(&remote).await.map_err(|e| RegisterError::hub(param, e))?
             }
             Source::Local(dir) => {
                 let path = dir.join(&file.path);
@@ -291,14 +270,15 @@ impl Registrar {
 
     async fn gguf_facts(
         &self,
-        source: &Source<'_>,
+        source: &Source,
         file: &ManifestFile,
         param: &'static str,
     ) -> Result<GgufFacts, RegisterError> {
         match source {
-            Source::Hub(hub) => {
-                let what = format!("'{}' of repository '{}'", file.path, hub.repo);
-                gguf_head::read_remote(&self.http, &hub.remote(&file.path), file.size, HEAD_LIMITS, param, &what).await
+            Source::Hub(listing) => {
+                let (hub, remote) = self.remote(listing, &file.path)?;
+                let what = format!("'{}' of repository '{}'", file.path, listing.repo);
+                gguf_head::read_remote(hub, &remote, file.size, HEAD_LIMITS, param, &what).await
             }
             Source::Local(dir) => gguf_head::read_local(dir.join(&file.path), param, format!("'{}'", file.path)).await,
         }

@@ -1,10 +1,11 @@
 //! Which files of a listing make the model (pure, no I/O): the format, the GGUF file by
-//! `file`/`quantization` (the rules of `llmr pull`), and spec 003's safetensors rules.
+//! `file`/`quantization` (the rules `llmr pull` shares, `llmr_hub::choose_gguf`), and spec 003's
+//! safetensors rules.
 
 use super::RegisterError;
 use llmr_cluster::ModelFormat;
-use llmr_model_store::pull::{choose_gguf, GgufChoiceError, PREFERRED_QUANTIZATIONS};
-use llmr_model_store::{is_gguf, is_mmproj, split_part, split_part_name};
+use llmr_hub::{base_name, choose_gguf, gguf_models, is_gguf_model, GgufChoiceError, PREFERRED_QUANTIZATIONS};
+use llmr_model_store::{split_part, split_part_name};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,20 +38,6 @@ pub(super) struct Plan {
 
 fn ends_with_ci(name: &str, suffix: &str) -> bool {
     name.len() > suffix.len() && name.get(name.len() - suffix.len()..).is_some_and(|t| t.eq_ignore_ascii_case(suffix))
-}
-
-fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// GGUF model files: not projectors, and a split model only as its first part.
-fn gguf_models(files: &[String]) -> Vec<&str> {
-    files
-        .iter()
-        .map(String::as_str)
-        .filter(|f| is_gguf(f) && !is_mmproj(f))
-        .filter(|f| split_part(base_name(f)).is_none_or(|(_, part, _)| part == 1))
-        .collect()
 }
 
 /// Safetensors weights at the top of the listing (the model directory of spec 003).
@@ -133,8 +120,7 @@ fn gguf_plan(files: &[String], wanted: &Wanted) -> Result<Plan, RegisterError> {
                     format!("the {} has no file '{file}'", noun(wanted.param)),
                 ));
             }
-            let name = base_name(file);
-            if !is_gguf(name) || is_mmproj(name) || split_part(name).is_some_and(|(_, part, _)| part != 1) {
+            if !is_gguf_model(file) {
                 return Err(RegisterError::invalid(
                     "file",
                     format!("'{file}' is not a GGUF model file (projectors and later split parts are not)"),

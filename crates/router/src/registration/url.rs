@@ -1,16 +1,12 @@
 //! One GGUF file at an http(s) URL: its size and sha256 from the server's headers
-//! (`X-Linked-Size`/`X-Linked-Etag` as Hugging Face sends them, or a sha256 `ETag`), else by
-//! streaming it through sha256 without storing it.
+//! (`X-Linked-Size`/`X-Linked-Etag` as Hugging Face sends them, or a sha256 `ETag` of the URL's
+//! own server, read by the hub client), else by streaming it through sha256 without storing it.
 
 use super::gguf_head::{self, GgufFacts, HEAD_LIMITS};
-use super::http::{check, hash_body, redacted, send, with_token, Http, Remote};
-use super::{is_sha256, RegisterError};
+use super::RegisterError;
 use llmr_cluster::{check_relative_path, ManifestFile};
+use llmr_hub::{Hub, Known, Remote, Url};
 use llmr_model_store::is_gguf;
-use reqwest::header::{CONTENT_LENGTH, ETAG, LOCATION};
-use reqwest::{StatusCode, Url};
-
-const MAX_REDIRECTS: usize = 10;
 
 pub(super) struct UrlModel {
     pub file: ManifestFile,
@@ -60,76 +56,17 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// What the server announced about the file.
-#[derive(Debug, Default)]
-struct Announced {
-    size: Option<u64>,
-    sha256: Option<String>,
-}
-
-fn sha256_etag(value: &str) -> Option<String> {
-    let v = value.trim().trim_start_matches("W/").trim_matches('"');
-    is_sha256(v).then(|| v.to_ascii_lowercase())
-}
-
-/// HEAD, following redirects by hand to read Hugging Face's `X-Linked-*` headers on the hub's own
-/// answer; a plain `ETag` is trusted as a sha256 only from the URL's own origin (a CDN's ETags
-/// mean something else).
-async fn head(http: &Http, remote: &Remote<'_>) -> Result<Announced, RegisterError> {
-    let mut announced = Announced::default();
-    let mut url = remote.url.clone();
-    for _ in 0..MAX_REDIRECTS {
-        let token = remote.token.filter(|_| url.origin() == remote.url.origin());
-        let response = send(with_token(http.manual.head(url.clone()), token), &url).await?;
-        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-        if announced.sha256.is_none() {
-            announced.sha256 = header("x-linked-etag").as_deref().and_then(sha256_etag);
-        }
-        if announced.size.is_none() {
-            announced.size = header("x-linked-size").and_then(|s| s.parse().ok());
-        }
-        if response.status().is_redirection() {
-            let location = header(LOCATION.as_str())
-                .ok_or_else(|| RegisterError::upstream(format!("{}: a redirect without Location", redacted(&url))))?;
-            url = url
-                .join(&location)
-                .map_err(|e| RegisterError::upstream(format!("{}: bad redirect {location:?}: {e}", redacted(&url))))?;
-            continue;
-        }
-        if matches!(response.status(), StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED) {
-            return Ok(announced);
-        }
-        let response = check(response, "url", "the file")?;
-        if announced.sha256.is_none() && url.origin() == remote.url.origin() {
-            announced.sha256 = response.headers().get(ETAG).and_then(|v| v.to_str().ok()).and_then(sha256_etag);
-        }
-        if announced.size.is_none() {
-            announced.size =
-                response.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse().ok());
-        }
-        return Ok(announced);
-    }
-    Err(RegisterError::upstream(format!("{}: too many redirects", redacted(&remote.url))))
-}
-
-pub(super) async fn inspect(
-    http: &Http,
-    url: Url,
-    name: String,
-    token: Option<&str>,
-) -> Result<UrlModel, RegisterError> {
-    let remote = Remote { url, token };
-    let announced = head(http, &remote).await?;
-    let (size, sha256) = match announced {
-        Announced { size: Some(size), sha256: Some(sha256) } => (size, sha256),
-        _ => {
-            // No digest announced: hash the file as it streams by (nothing is stored).
-            let response = check(send(http.get(&remote), &remote.url).await?, "url", "the file")?;
-            hash_body(response).await?
-        }
+/// Size and sha256 from the server's announcement when it makes one, else by streaming the file
+/// through sha256 (nothing is stored); then the GGUF facts from the file's head.
+pub(super) async fn inspect(hub: &Hub, url: Url, name: String) -> Result<UrlModel, RegisterError> {
+    let remote = Remote::url(url);
+    let from_hub = |e| RegisterError::hub("url", e);
+    let (size, sha256) = match hub.head(&remote).await.map_err(from_hub)? {
+        Known { size: Some(size), sha256: Some(sha256) } => (size, sha256),
+        _ => hub.hash(&remote).await.map_err(from_hub)?,
     };
-    let what = format!("'{}'", redacted(&remote.url));
-    let facts = gguf_head::read_remote(http, &remote, size, HEAD_LIMITS, "url", &what).await?;
+    let what = format!("'{}'", remote.name());
+    let facts = gguf_head::read_remote(hub, &remote, size, HEAD_LIMITS, "url", &what).await?;
     let stem = name[..name.len() - ".gguf".len()].to_string();
     Ok(UrlModel { file: ManifestFile { path: name, size, sha256 }, stem, facts })
 }
@@ -153,7 +90,5 @@ mod tests {
             let e = parse(bad).unwrap_err();
             assert_eq!(e.param(), Some("url"), "{bad}");
         }
-        assert_eq!(sha256_etag(&format!("W/\"{}\"", "A".repeat(64))), Some("a".repeat(64)));
-        assert_eq!(sha256_etag("\"ce013625030ba8dba906f756967f9e9ca394464a\""), None);
     }
 }

@@ -1,12 +1,12 @@
 //! `pull`: downloads from a Hugging Face compatible hub served on 127.0.0.1 by the test itself
 //! (the model listing, `resolve/main` with Content-Length, Range, redirects and `X-Linked-Etag`),
-//! with the real SmolLM2 GGUF from `scripts/fetch-models` as the file served.
+//! with the real SmolLM2 GGUF from `scripts/fetch-models` as the file served; and through the
+//! hub mirror.
 
-#[path = "it/support.rs"]
-#[allow(dead_code)]
-mod support;
-
-use llmr_model_store::pull::{partial_path_for, Expected, Hub, PullError, PullSpec};
+use crate::support::{entries, link, smollm2, tiny};
+use llmr_hub::pull::{PullError, PullSpec, Pulled};
+use llmr_hub::{partial_path_for, Hub, HubError};
+use llmr_hub_mirror::HubMirror;
 use llmr_model_store::{ModelName, ModelStore};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -15,7 +15,6 @@ use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use support::{entries, smollm2};
 
 const REPO: &str = "testorg/SmolLM2-135M-Instruct-GGUF";
 const FILE: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";
@@ -135,7 +134,9 @@ impl State {
         if !cdn && self.config.token.as_ref().is_some_and(|t| logged.authorization != Some(format!("Bearer {t}"))) {
             return respond(&mut stream, "401 Unauthorized", &[], br#"{"error":"Invalid credentials"}"#);
         }
-        if let Some(repo) = path.strip_prefix("/api/models/") {
+        // `/api/models/{repo}/revision/main?blobs=true`, as the client lists a repository.
+        let listing = path.split('?').next().and_then(|p| p.strip_prefix("/api/models/"));
+        if let Some(repo) = listing.map(|l| l.trim_end_matches("/revision/main")) {
             let Some(files) = self.config.repos.get(repo) else {
                 return respond(&mut stream, "404 Not Found", &[], br#"{"error":"Repository not found"}"#);
             };
@@ -254,24 +255,24 @@ fn model_dir(store: &ModelStore, name: &str) -> PathBuf {
     store.model_dir(&ModelName::parse(name).unwrap())
 }
 
-fn pull(hub: &TestHub, store: &ModelStore, spec: &str) -> Result<llmr_model_store::pull::Pulled, PullError> {
+async fn pull(hub: &TestHub, store: &ModelStore, spec: &str) -> Result<Pulled, PullError> {
     let spec = PullSpec::parse(spec)?;
     let client = hub.client();
-    let remote = client.locate(&spec)?;
-    client.pull(store, &remote, &spec.repo, |_, _| {})
+    let remote = client.locate(&spec).await?;
+    client.pull(store, &remote, &spec.repo, |_, _| {}).await
 }
 
-#[test]
-fn pulls_by_quantization_tag_and_the_store_then_resolves_it() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_by_quantization_tag_and_the_store_then_resolves_it() {
     let hub = TestHub::start(Config { redirect: true, ..config(&[(REPO, smollm2_repo())]) });
     let (_tmp, store) = store();
     let client = hub.client();
     let spec = PullSpec::parse(&format!("{REPO}:Q4_1")).unwrap();
-    let remote = client.locate(&spec).unwrap();
+    let remote = client.locate(&spec).await.unwrap();
     assert_eq!(remote.path, FILE);
 
     let mut reports = Vec::new();
-    let pulled = client.pull(&store, &remote, &spec.repo, |done, total| reports.push((done, total))).unwrap();
+    let pulled = client.pull(&store, &remote, &spec.repo, |done, total| reports.push((done, total))).await.unwrap();
     assert!(!pulled.already_present);
     let d = &pulled.descriptor;
     assert_eq!((d.name.as_str(), d.architecture.as_str(), d.quantization.as_deref()), (REPO, "llama", Some("Q4_1")));
@@ -293,8 +294,8 @@ fn pulls_by_quantization_tag_and_the_store_then_resolves_it() {
     assert_eq!(hub.requests(&format!("/cdn/{REPO}/{FILE}")).len(), 1, "the redirect is followed");
 }
 
-#[test]
-fn pulls_an_exact_path_under_another_name_once() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_an_exact_path_under_another_name_once() {
     let files = vec![
         ("README.md".to_string(), Body::Bytes(b"hi".to_vec())),
         ("gguf/smollm2.Q4_1.gguf".to_string(), Body::File(smollm2())),
@@ -304,26 +305,26 @@ fn pulls_an_exact_path_under_another_name_once() {
     let (_tmp, store) = store();
     let client = hub.client();
     let spec = PullSpec::parse("testorg/smol/gguf/smollm2.Q4_1.gguf").unwrap();
-    let remote = client.locate(&spec).unwrap();
+    let remote = client.locate(&spec).await.unwrap();
     let name = ModelName::parse("smol").unwrap();
-    let pulled = client.pull(&store, &remote, &name, |_, _| {}).unwrap();
+    let pulled = client.pull(&store, &remote, &name, |_, _| {}).await.unwrap();
     assert_eq!((pulled.descriptor.name.as_str(), pulled.descriptor.architecture.as_str()), ("smol", "llama"));
     assert_eq!(pulled.descriptor.primary_file, model_dir(&store, "smol").join("smollm2.Q4_1.gguf"));
     assert!(pulled.extras.is_empty());
     assert_eq!(store.resolve("smol").unwrap().quantization.as_deref(), Some("Q4_1"));
 
-    let again = client.pull(&store, &remote, &name, |_, _| {}).unwrap();
+    let again = client.pull(&store, &remote, &name, |_, _| {}).await.unwrap();
     assert!(again.already_present);
     assert_eq!(again.descriptor.name, "smol");
     assert_eq!(hub.requests("/resolve/main/").len(), 1, "a model already in the store is not downloaded again");
 }
 
-#[test]
-fn resumes_with_a_range_request_after_the_connection_drops() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_with_a_range_request_after_the_connection_drops() {
     const CUT: u64 = 40_000_000;
     let hub = TestHub::start(Config { cut_first_download_at: Some(CUT), ..config(&[(REPO, smollm2_repo())]) });
     let (_tmp, store) = store();
-    let pulled = pull(&hub, &store, &format!("{REPO}:Q4_1")).unwrap();
+    let pulled = pull(&hub, &store, &format!("{REPO}:Q4_1")).await.unwrap();
     assert_eq!(pulled.descriptor.size_bytes, SIZE);
     let tries = hub.requests(&format!("/resolve/main/{FILE}"));
     assert_eq!(tries.len(), 2, "{tries:?}");
@@ -333,8 +334,8 @@ fn resumes_with_a_range_request_after_the_connection_drops() {
     assert_eq!(store.resolve(REPO).unwrap().architecture, "llama");
 }
 
-#[test]
-fn resumes_a_partial_file_left_by_an_earlier_pull() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_a_partial_file_left_by_an_earlier_pull() {
     const HAVE: usize = 10_000_000;
     let hub = TestHub::start(config(&[(REPO, smollm2_repo())]));
     let (_tmp, store) = store();
@@ -345,7 +346,7 @@ fn resumes_a_partial_file_left_by_an_earlier_pull() {
     std::fs::write(&partial, head).unwrap();
     assert!(store.list().is_empty(), "a partial download is not a model");
 
-    let pulled = pull(&hub, &store, &format!("{REPO}:Q4_1")).unwrap();
+    let pulled = pull(&hub, &store, &format!("{REPO}:Q4_1")).await.unwrap();
     assert_eq!(pulled.descriptor.size_bytes, SIZE);
     let tries = hub.requests(&format!("/resolve/main/{FILE}"));
     assert_eq!(tries.len(), 1);
@@ -353,12 +354,12 @@ fn resumes_a_partial_file_left_by_an_earlier_pull() {
     assert!(!partial.exists());
 }
 
-#[test]
-fn a_sha256_mismatch_fails_and_leaves_no_file_under_the_final_name() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sha256_mismatch_fails_and_leaves_no_file_under_the_final_name() {
     let hub = TestHub::start(Config { etag: Etag::Wrong, ..config(&[(REPO, smollm2_repo())]) });
     let (_tmp, store) = store();
-    let err = pull(&hub, &store, &format!("{REPO}:Q4_1")).unwrap_err();
-    assert!(matches!(err, PullError::Sha256Mismatch { .. }), "{err}");
+    let err = pull(&hub, &store, &format!("{REPO}:Q4_1")).await.unwrap_err();
+    assert!(matches!(err, PullError::Hub(HubError::Sha256Mismatch { .. })), "{err}");
     assert!(err.to_string().contains(smollm2_sha256()), "the message shows the actual hash: {err}");
     let dir = model_dir(&store, REPO);
     assert!(!dir.join(FILE).exists());
@@ -367,25 +368,25 @@ fn a_sha256_mismatch_fails_and_leaves_no_file_under_the_final_name() {
     assert!(store.resolve(REPO).is_err());
 }
 
-#[test]
-fn missing_models_and_files_name_the_endpoint() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_models_and_files_name_the_endpoint() {
     let mut files = smollm2_repo();
     files.push(("broken-Q5_0.gguf".into(), Body::Missing));
     let hub = TestHub::start(config(&[(REPO, files)]));
     let (_tmp, store) = store();
 
-    let err = pull(&hub, &store, "nobody/nothing:Q4_0").unwrap_err();
+    let err = pull(&hub, &store, "nobody/nothing:Q4_0").await.unwrap_err();
     assert_eq!(err.to_string(), format!("model 'nobody/nothing' not found at {}", hub.url));
 
-    let err = pull(&hub, &store, &format!("{REPO}/sub/absent.gguf")).unwrap_err();
+    let err = pull(&hub, &store, &format!("{REPO}/sub/absent.gguf")).await.unwrap_err();
     assert_eq!(err.to_string(), format!("file 'sub/absent.gguf' of model '{REPO}' not found at {}", hub.url));
 
     // Listed, but the download itself answers 404.
-    let err = pull(&hub, &store, &format!("{REPO}:Q5_0")).unwrap_err();
+    let err = pull(&hub, &store, &format!("{REPO}:Q5_0")).await.unwrap_err();
     assert_eq!(err.to_string(), format!("file 'broken-Q5_0.gguf' of model '{REPO}' not found at {}", hub.url));
     assert_eq!(entries(store.root()), Vec::<String>::new(), "a failed first pull leaves no directories");
 
-    let err = pull(&hub, &store, &format!("{REPO}:Q6_K")).unwrap_err();
+    let err = pull(&hub, &store, &format!("{REPO}:Q6_K")).await.unwrap_err();
     assert!(
         err.to_string()
             .contains("available: SmolLM2-135M-Instruct-Q4_1.gguf, SmolLM2-135M-Instruct-Q8_0.gguf, broken-Q5_0.gguf"),
@@ -393,25 +394,25 @@ fn missing_models_and_files_name_the_endpoint() {
     );
 }
 
-#[test]
-fn the_token_is_sent_as_bearer_and_its_absence_is_explained() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_sent_as_bearer_and_its_absence_is_explained() {
     let hub = TestHub::start(Config { token: Some("hf_secret".into()), ..config(&[(REPO, smollm2_repo())]) });
     let spec = PullSpec::parse(&format!("{REPO}:Q4_1")).unwrap();
 
-    let err = hub.client().locate(&spec).unwrap_err();
-    assert!(matches!(err, PullError::Unauthorized { status: 401, .. }), "{err}");
+    let err = hub.client().locate(&spec).await.unwrap_err();
+    assert!(matches!(err, PullError::Hub(HubError::Unauthorized { status: 401, .. })), "{err}");
     assert!(err.to_string().contains("set HF_TOKEN"), "{err}");
 
     let wrong = Hub::new(&hub.url, Some("hf_wrong".into())).unwrap();
-    assert!(wrong.locate(&spec).unwrap_err().to_string().contains("the HF_TOKEN sent does not grant access"));
+    assert!(wrong.locate(&spec).await.unwrap_err().to_string().contains("the HF_TOKEN sent does not grant access"));
 
     let right = Hub::new(&hub.url, Some("hf_secret".into())).unwrap();
-    assert_eq!(right.locate(&spec).unwrap().path, FILE);
+    assert_eq!(right.locate(&spec).await.unwrap().path, FILE);
     assert_eq!(hub.requests("/api/models/").last().unwrap().authorization.as_deref(), Some("Bearer hf_secret"));
 }
 
-#[test]
-fn file_names_that_could_escape_are_refused() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_names_that_could_escape_are_refused() {
     let files = vec![
         ("../../escape-Q4_1.gguf".to_string(), Body::Bytes(b"GGUF".to_vec())),
         ("/etc/absolute-Q8_0.gguf".to_string(), Body::Bytes(b"GGUF".to_vec())),
@@ -419,8 +420,8 @@ fn file_names_that_could_escape_are_refused() {
     let hub = TestHub::start(config(&[("testorg/evil", files)]));
     let (_tmp, store) = store();
     for spec in ["testorg/evil:Q4_1", "testorg/evil:Q8_0", "testorg/evil/../../escape-Q4_1.gguf"] {
-        let err = pull(&hub, &store, spec).unwrap_err();
-        assert!(matches!(err, PullError::UnsafePath { .. }), "{spec}: {err}");
+        let err = pull(&hub, &store, spec).await.unwrap_err();
+        assert!(matches!(err, PullError::Hub(HubError::UnsafePath { .. })), "{spec}: {err}");
         assert!(err.to_string().contains("could escape the model directory"), "{err}");
     }
     assert!(hub.requests("resolve").is_empty(), "nothing was downloaded");
@@ -428,37 +429,31 @@ fn file_names_that_could_escape_are_refused() {
     assert!(!Path::new(&store.root().join("escape-Q4_1.gguf")).exists());
 }
 
-#[test]
-fn fetch_checks_what_the_caller_expects_and_resumes() {
-    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let sha = format!("{:x}", Sha256::digest(&bytes));
-    let files = vec![("sub/w.bin".to_string(), Body::Bytes(bytes.clone()))];
-    // No ETag: only the caller's expectations say what the file must be.
-    let hub = TestHub::start(Config { etag: Etag::None, ..config(&[("testorg/m", files)]) });
-    let client = hub.client();
-    assert_eq!(
-        client.file_url_at("testorg/m", "refs/pr/1", "sub/w.bin").as_str(),
-        format!("{}/testorg/m/resolve/refs/pr/1/sub/w.bin", hub.url)
-    );
-    let url = client.file_url_at("testorg/m", "main", "sub/w.bin");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locates_and_pulls_through_the_hub_mirror_at_the_listed_commit() {
+    const REPO: &str = "testorg/SmolLM2-GGUF";
     let dir = tempfile::tempdir().unwrap();
-    let (partial, dest) = (dir.path().join("w.bin.partial"), dir.path().join("w.bin"));
-    let expect = |size: u64, sha: &str| Expected { size: Some(size), sha256: Some(sha.to_string()) };
-    let len = bytes.len() as u64;
+    std::fs::write(dir.path().join("config.json"), br#"{"model_type": "llama"}"#).unwrap();
+    link(&smollm2(), &dir.path().join(FILE));
+    link(&tiny(), &dir.path().join("small/tiny-Q8_0.gguf"));
+    let hub = HubMirror::start(vec![(REPO.into(), dir.path().into())]).await.unwrap();
+    let client = Hub::new(&hub.endpoint(), None).unwrap();
+    let spec = PullSpec::parse(&format!("{REPO}:Q8_0")).unwrap();
+    let remote = client.locate(&spec).await.unwrap();
+    assert_eq!(remote.path, "small/tiny-Q8_0.gguf");
 
-    let err = client.fetch(url.clone(), &partial, &dest, &expect(len, &"0".repeat(64)), |_, _| {}).unwrap_err();
-    assert!(matches!(err, PullError::Sha256Mismatch { .. }), "{err}");
-    assert!(err.to_string().contains(&sha), "{err}");
-    assert!(!dest.exists() && !partial.exists(), "a corrupt download is deleted");
-
-    let err = client.fetch(url.clone(), &partial, &dest, &expect(len - 1, &sha), |_, _| {}).unwrap_err();
-    assert!(matches!(err, PullError::SizeMismatch { .. }), "{err}");
-    assert!(!dest.exists() && !partial.exists());
-
-    std::fs::write(&partial, &bytes[..100_000]).unwrap();
-    client.fetch(url, &partial, &dest, &expect(len, &sha.to_uppercase()), |_, _| {}).unwrap();
-    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
-    assert!(!partial.exists());
-    let last = hub.requests("sub/w.bin").pop().unwrap();
-    assert_eq!(last.range.as_deref(), Some("bytes=100000-"), "the partial file was resumed");
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = ModelStore::open(store_dir.path()).unwrap();
+    let name = ModelName::parse("tiny").unwrap();
+    let pulled = client.pull(&store, &remote, &name, |_, _| {}).await.unwrap();
+    assert!(!pulled.already_present);
+    assert_eq!(pulled.descriptor.architecture, "llama");
+    assert_eq!(pulled.extras, ["config.json"]);
+    let stored = store.model_dir(&name).join("tiny-Q8_0.gguf");
+    assert_eq!(std::fs::read(stored).unwrap(), std::fs::read(tiny()).unwrap());
+    let commit = &remote.listing.revision;
+    assert_eq!(commit.len(), 40, "the listing's commit: {commit}");
+    let log = hub.request_log();
+    let file = format!("/{REPO}/resolve/{commit}/small/tiny-Q8_0.gguf");
+    assert!(log.iter().any(|r| r.path == file), "downloaded at the listed commit: {log:?}");
 }

@@ -1,9 +1,12 @@
 //! Which file of a repository to pull: parsing `owner/repo[:QUANT]` and `owner/repo/path`,
-//! choosing among the listed GGUF files, and refusing names that could leave a directory.
+//! choosing among the listed GGUF files (the shared rules of [`crate::choice`]), and refusing
+//! names that could leave a directory or that the store cannot import.
 
-use super::{FileChoice, PullError, PullSpec, PREFERRED_QUANTIZATIONS};
-use crate::layout;
-use crate::name::{ModelName, ModelRef};
+use super::{FileChoice, PullError, PullSpec};
+use crate::choice::{base_name, choose_gguf, GgufChoiceError};
+use crate::error::HubError;
+use llmr_cluster::check_relative_path;
+use llmr_model_store::{is_gguf, is_mmproj, split_part, ModelName, ModelRef};
 
 impl PullSpec {
     pub fn parse(spec: &str) -> Result<Self, PullError> {
@@ -28,108 +31,21 @@ impl PullSpec {
     }
 }
 
-pub(super) fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// Refuses repository paths that could leave a directory: absolute, `..`, backslashes, NULs,
-/// empty segments. Only the last segment is ever used locally, but a hub that sends such a name
-/// is not to be trusted with the rest either.
+/// Refuses repository paths that could leave a directory (`check_relative_path`). Only the
+/// last segment is ever used locally, but a name that could escape is not to be trusted at all.
 fn check_remote_path(repo: &str, path: &str) -> Result<(), PullError> {
-    let unsafe_path = path.is_empty()
-        || path.starts_with('/')
-        || path.contains("..")
-        || path.contains(['\\', '\0'])
-        || path.split('/').any(|seg| seg.is_empty() || seg == ".");
-    if unsafe_path {
-        return Err(PullError::UnsafePath { repo: repo.to_string(), file: path.to_string() });
-    }
-    Ok(())
+    check_relative_path(path).map_err(|problem| {
+        PullError::Hub(HubError::UnsafePath { repo: repo.to_string(), file: path.to_string(), problem })
+    })
 }
 
 /// A file the store can import: a visible, single-file, non-projector `.gguf`.
 fn check_model_file(path: &str) -> Result<(), PullError> {
     let name = base_name(path);
-    if !layout::is_gguf(name) || name.starts_with('.') || layout::is_mmproj(name) || layout::split_part(name).is_some()
-    {
+    if !is_gguf(name) || name.starts_with('.') || is_mmproj(name) || split_part(name).is_some() {
         return Err(PullError::NotGguf { file: path.to_string() });
     }
     Ok(())
-}
-
-/// The files a repository offers as models: `.gguf` files that are not projectors. The first
-/// part of a split model is listed (so that asking for it explains that splits are not pulled).
-fn candidates(siblings: &[String]) -> Vec<&str> {
-    siblings
-        .iter()
-        .map(String::as_str)
-        .filter(|f| layout::is_gguf(f) && !layout::is_mmproj(f))
-        .filter(|f| layout::split_part(base_name(f)).is_none_or(|(_, part, _)| part == 1))
-        .collect()
-}
-
-/// Whether a file name carries `tag` as a whole word: not preceded by a letter or digit (so
-/// `Q4_XS` is not found in `IQ4_XS`), not followed by a letter, digit or `_` (so `Q4_K` is not
-/// found in `Q4_K_M`). Case-sensitive, as spec 003 matches quantization names.
-fn has_tag(file: &str, tag: &str) -> bool {
-    let name = base_name(file);
-    name.match_indices(tag).any(|(i, _)| {
-        let before = name[..i].chars().next_back();
-        let after = name[i + tag.len()..].chars().next();
-        !before.is_some_and(|c| c.is_ascii_alphanumeric())
-            && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-    })
-}
-
-/// Why [`choose_gguf`] found no file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GgufChoiceError {
-    /// The listing has no GGUF model file.
-    NoGguf,
-    /// No GGUF file carries the requested tag; `available` are the model files there are.
-    NoMatchingFile { requested: String, available: Vec<String> },
-    /// Several files carry the tag (`requested`), or there is no tag, no preferred one and
-    /// several files.
-    Ambiguous { requested: Option<String>, candidates: Vec<String> },
-}
-
-/// Chooses a GGUF model file among a repository's paths: the one whose file name carries
-/// `quantization` (exact, case-sensitive, a whole word); without a tag Q4_K_M, then Q8_0, else the
-/// only one. Projectors are never chosen; a split model is offered as its first part (the caller
-/// decides whether it can use splits). Paths are not checked here.
-pub fn choose_gguf(siblings: &[String], quantization: Option<&str>) -> Result<String, GgufChoiceError> {
-    let found = candidates(siblings);
-    let tagged = |tag: &str| found.iter().filter(|f| has_tag(f, tag)).map(|f| f.to_string()).collect::<Vec<_>>();
-    if let Some(tag) = quantization {
-        return match tagged(tag).as_slice() {
-            [one] => Ok(one.clone()),
-            [] => {
-                let available = found.iter().map(|f| f.to_string()).collect();
-                Err(GgufChoiceError::NoMatchingFile { requested: tag.to_string(), available })
-            }
-            several => {
-                Err(GgufChoiceError::Ambiguous { requested: Some(tag.to_string()), candidates: several.to_vec() })
-            }
-        };
-    }
-    for tag in PREFERRED_QUANTIZATIONS {
-        match tagged(tag).as_slice() {
-            [] => continue,
-            [one] => return Ok(one.clone()),
-            several => {
-                let (requested, candidates) = (Some(tag.to_string()), several.to_vec());
-                return Err(GgufChoiceError::Ambiguous { requested, candidates });
-            }
-        }
-    }
-    match found.as_slice() {
-        [only] => Ok(only.to_string()),
-        [] => Err(GgufChoiceError::NoGguf),
-        several => {
-            let candidates = several.iter().map(|f| f.to_string()).collect();
-            Err(GgufChoiceError::Ambiguous { requested: None, candidates })
-        }
-    }
 }
 
 /// Chooses the file to pull from a repository's listing.
@@ -143,11 +59,8 @@ pub(super) fn select_file(
     let tag = match choice {
         FileChoice::Path(path) => {
             if !siblings.contains(path) {
-                return Err(PullError::FileNotFound {
-                    repo: repo_s,
-                    file: path.clone(),
-                    endpoint: endpoint.to_string(),
-                });
+                let endpoint = endpoint.to_string();
+                return Err(HubError::FileNotFound { repo: repo_s, file: path.clone(), endpoint }.into());
             }
             check_remote_path(repo.as_str(), path)?;
             check_model_file(path)?;
@@ -197,20 +110,9 @@ mod tests {
         assert!(matches!(PullSpec::parse("org/m/README.md"), Err(PullError::NotGguf { .. })));
         assert!(matches!(PullSpec::parse("org/m/x-00002-of-00003.gguf"), Err(PullError::NotGguf { .. })));
         for escape in ["org/m/../../x.gguf", "org/m//etc/x.gguf", "org/m/a\\b.gguf", "org/m/./x.gguf"] {
-            assert!(matches!(PullSpec::parse(escape), Err(PullError::UnsafePath { .. })), "{escape}");
+            assert!(matches!(PullSpec::parse(escape), Err(PullError::Hub(HubError::UnsafePath { .. }))), "{escape}");
         }
         assert!(matches!(PullSpec::parse("../m:Q4_0"), Err(PullError::Name(_))));
-    }
-
-    #[test]
-    fn tags_match_whole_words_case_sensitively() {
-        assert!(has_tag("m-Q4_K_M.gguf", "Q4_K_M"));
-        assert!(has_tag("m.Q8_0.gguf", "Q8_0"));
-        assert!(has_tag("m_Q8_0-00001-of-00002.gguf", "Q8_0"));
-        assert!(!has_tag("m-Q4_K_M.gguf", "Q4_K"));
-        assert!(!has_tag("m-IQ4_XS.gguf", "Q4_XS"));
-        assert!(!has_tag("m-q4_k_m.gguf", "Q4_K_M"));
-        assert!(!has_tag("Q8_0/m-f16.gguf", "Q8_0"), "only the file name counts");
     }
 
     #[test]
@@ -248,7 +150,7 @@ mod tests {
     fn listed_names_that_escape_are_refused() {
         for bad in ["../../x-Q4_0.gguf", "/etc/x-Q4_0.gguf", "a/../x-Q4_0.gguf"] {
             let err = pick(&[bad], FileChoice::Quantization("Q4_0".into())).unwrap_err();
-            assert!(matches!(err, PullError::UnsafePath { .. }), "{bad}: {err}");
+            assert!(matches!(err, PullError::Hub(HubError::UnsafePath { .. })), "{bad}: {err}");
         }
     }
 }
