@@ -21,6 +21,7 @@
 //!   `llmr pull` and the router's registrations share.
 //! - [`pull`]: `llmr pull`'s logic, where hub and store meet: choose the file, download it,
 //!   import it into the [`ModelStore`](llmr_model_store::ModelStore) with its `config.json`.
+#![forbid(unsafe_code)]
 
 mod choice;
 mod client;
