@@ -149,11 +149,14 @@ async fn embeddings_are_normalized_and_shortened_on_request() {
     assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("dimensions")));
 }
 
+/// A request, and the status, `param` and `code` of the error it gets.
+type ErrorCase = (Request<Body>, StatusCode, Option<&'static str>, Option<&'static str>);
+
 #[tokio::test]
 async fn bad_requests_get_the_status_and_name_the_field() {
     let n = node("echo-errors");
     let long_prompt = "word ".repeat(5000);
-    let cases: Vec<(Request<Body>, StatusCode, Option<&str>, Option<&str>)> = vec![
+    let cases: Vec<ErrorCase> = vec![
         (
             post("/v1/chat/completions", chat("nope", "hi", json!({}))),
             StatusCode::NOT_FOUND,
