@@ -6,9 +6,10 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use llmr_openai::{error_message, ChatCompletion, ChatCompletionChunk, ModelList, Role};
 use reqwest::blocking::{Client, RequestBuilder, Response};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
 use std::time::Duration;
 
@@ -44,14 +45,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
     if interactive {
         eprintln!("chatting with {model} at {}; /reset clears the conversation, /exit or Ctrl-D ends", server.base);
     }
-    let mut options = serde_json::Map::new();
-    if let Some(t) = args.temperature {
-        options.insert("temperature".into(), json!(t));
-    }
-    if let Some(m) = args.max_tokens {
-        options.insert("max_tokens".into(), json!(m));
-    }
-    let start: Vec<Value> = args.system.iter().map(|s| json!({ "role": "system", "content": s })).collect();
+    let options = Options { temperature: args.temperature, max_tokens: args.max_tokens };
+    let start: Vec<Message> = args.system.iter().map(|s| Message::new(Role::System, s)).collect();
     let mut history = start.clone();
     let mut stdout = io::stdout();
     let mut lines = io::stdin().lock().lines();
@@ -75,7 +70,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        history.push(json!({ "role": "user", "content": line }));
+        history.push(Message::new(Role::User, line));
         let mut printed = false;
         let reply = server.complete(&model, &history, &options, &mut |text| {
             printed = true;
@@ -86,7 +81,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             writeln!(stdout)?;
         }
         match reply {
-            Ok(reply) => history.push(json!({ "role": "assistant", "content": reply })),
+            Ok(reply) => history.push(Message::new(Role::Assistant, &reply)),
             Err(error) => {
                 history.pop();
                 eprintln!("error: {error:#}");
@@ -97,6 +92,38 @@ pub fn run(args: ChatArgs) -> Result<()> {
         println!();
     }
     Ok(())
+}
+
+/// One message of the conversation, as sent.
+#[derive(Clone, Serialize)]
+struct Message {
+    role: Role,
+    content: String,
+}
+
+impl Message {
+    fn new(role: Role, content: &str) -> Self {
+        Message { role, content: content.to_owned() }
+    }
+}
+
+/// The sampling flags; a flag not given is left to the server.
+#[derive(Serialize)]
+struct Options {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+}
+
+/// The body of `POST /v1/chat/completions`: only what `llmr chat` sets.
+#[derive(Serialize)]
+struct ChatBody<'a> {
+    model: &'a str,
+    messages: &'a [Message],
+    stream: bool,
+    #[serde(flatten)]
+    options: &'a Options,
 }
 
 struct Server {
@@ -128,16 +155,16 @@ impl Server {
         if status.is_success() {
             return Ok(response);
         }
-        let body = response.text().unwrap_or_default();
-        let message = serde_json::from_str(&body).ok().and_then(|v| error_message(&v));
-        Err(anyhow!(message.unwrap_or_else(|| format!("HTTP {status}: {}", body.trim()))))
+        let body = response.bytes().unwrap_or_default();
+        let message = error_message(&body);
+        Err(anyhow!(message.unwrap_or_else(|| format!("HTTP {status}: {}", String::from_utf8_lossy(&body).trim()))))
     }
 
     fn first_model(&self) -> Result<String> {
         let response = self.send(self.http.get(format!("{}/v1/models", self.base)))?;
-        let list: Value = serde_json::from_reader(response).context("reading /v1/models")?;
-        match list["data"][0]["id"].as_str() {
-            Some(id) => Ok(id.to_string()),
+        let list: ModelList = serde_json::from_reader(response).context("reading /v1/models")?;
+        match list.data.into_iter().next() {
+            Some(model) => Ok(model.id),
             None => bail!("the server at {} lists no models; pass --model", self.base),
         }
     }
@@ -146,32 +173,30 @@ impl Server {
     fn complete(
         &self,
         model: &str,
-        messages: &[Value],
-        options: &serde_json::Map<String, Value>,
+        messages: &[Message],
+        options: &Options,
         on_text: &mut dyn FnMut(&str) -> io::Result<()>,
     ) -> Result<String> {
-        let mut body = json!({ "model": model, "messages": messages, "stream": true });
-        body.as_object_mut().expect("an object").extend(options.clone());
+        let body = ChatBody { model, messages, stream: true, options };
         let request = self
             .http
             .post(format!("{}/v1/chat/completions", self.base))
             .header(CONTENT_TYPE, "application/json")
-            .body(body.to_string());
+            .body(serde_json::to_string(&body)?);
         let response = self.send(request)?;
         let streamed = response
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        let mut reply = String::new();
         if !streamed {
             // A server that does not stream answers with one completion.
-            let answer: Value = serde_json::from_reader(response).context("reading the completion")?;
-            let text = answer["choices"][0]["message"]["content"].as_str().unwrap_or_default();
-            on_text(text)?;
-            reply.push_str(text);
-            return Ok(reply);
+            let answer: ChatCompletion = serde_json::from_reader(response).context("reading the completion")?;
+            let text = answer.choices.into_iter().next().and_then(|c| c.message.content).unwrap_or_default();
+            on_text(&text)?;
+            return Ok(text);
         }
+        let mut reply = String::new();
         let mut data = String::new();
         for line in BufReader::new(response).lines() {
             let line = line.context("reading the stream")?;
@@ -200,25 +225,17 @@ fn event(data: &str, reply: &mut String, on_text: &mut dyn FnMut(&str) -> io::Re
         "[DONE]" => return Ok(true),
         _ => {}
     }
-    let chunk: Value =
-        serde_json::from_str(data).with_context(|| format!("unreadable event from the server: {data}"))?;
-    if let Some(message) = error_message(&chunk) {
+    // A server that fails after the stream started sends an OpenAI error as an event.
+    if let Some(message) = error_message(data.as_bytes()) {
         bail!(message);
     }
-    if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
-        on_text(text)?;
-        reply.push_str(text);
+    let chunk: ChatCompletionChunk =
+        serde_json::from_str(data).with_context(|| format!("unreadable event from the server: {data}"))?;
+    if let Some(text) = chunk.choices.into_iter().next().and_then(|c| c.delta.content) {
+        on_text(&text)?;
+        reply.push_str(&text);
     }
     Ok(false)
-}
-
-/// The message of an OpenAI-shaped error, `{"error": {"message": ...}}` (or `{"error": "..."}`).
-fn error_message(value: &Value) -> Option<String> {
-    let error = value.get("error")?;
-    match (error["message"].as_str(), error.as_str()) {
-        (Some(message), _) | (None, Some(message)) => Some(message.to_string()),
-        (None, None) => Some(error.to_string()),
-    }
 }
 
 #[cfg(test)]
@@ -226,11 +243,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_bodies_give_their_message() {
-        let message = |body: &str| error_message(&serde_json::from_str(body).unwrap());
-        assert_eq!(message(r#"{"error":{"message":"no such model","type":"x"}}"#).unwrap(), "no such model");
-        assert_eq!(message(r#"{"error":"overloaded"}"#).unwrap(), "overloaded");
-        assert_eq!(message(r#"{"choices":[]}"#), None);
+    fn the_body_carries_only_what_is_set() {
+        let messages = [Message::new(Role::System, "be brief"), Message::new(Role::User, "hi")];
+        let none = Options { temperature: None, max_tokens: None };
+        let body =
+            serde_json::to_value(ChatBody { model: "m", messages: &messages, stream: true, options: &none }).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"model": "m", "stream": true, "messages": [
+                {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
+        );
+        let set = Options { temperature: Some(0.5), max_tokens: Some(7) };
+        let body =
+            serde_json::to_value(ChatBody { model: "m", messages: &messages, stream: true, options: &set }).unwrap();
+        assert_eq!((body["temperature"].as_f64(), body["max_tokens"].as_u64()), (Some(0.5), Some(7)));
     }
 
     #[test]
@@ -248,6 +274,8 @@ mod tests {
         assert_eq!(reply, "Hé");
         let err = event(r#"{"error":{"message":"boom"}}"#, &mut reply, &mut on_text).unwrap_err();
         assert_eq!(err.to_string(), "boom");
+        let err = event(r#"{"error":"overloaded"}"#, &mut reply, &mut on_text).unwrap_err();
+        assert_eq!(err.to_string(), "overloaded");
         assert_eq!(seen, ["Hé"]);
     }
 }

@@ -1,16 +1,17 @@
 //! The `llmr` binary: parses the command line, starts logging, and calls library crates.
 
+#![forbid(unsafe_code)]
+
 mod chat_cmd;
-mod config;
 mod engines_cmd;
 mod keys_cmd;
 mod list_cmd;
-mod node_args;
 mod node_cmd;
 mod pull_cmd;
 mod router_cmd;
 mod run_cmd;
 mod serve_cmd;
+mod signal;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;

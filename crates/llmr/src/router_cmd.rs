@@ -1,10 +1,10 @@
 //! `llmr router`: the OpenAI endpoint in front of the nodes (`llmr node --router URL`).
 
-use crate::serve_cmd::{is_loopback, shutdown_signal};
+use crate::signal::shutdown_signal;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use llmr_router::{Router, RouterConfig};
-use std::net::SocketAddr;
+use llmr_serve::{bind, is_loopback};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -64,12 +64,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
                 db.display()
             );
         }
-        let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
-            .await
-            .with_context(|| format!("resolving {}", args.host))?
-            .next()
-            .with_context(|| format!("{} resolves to no address", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+        let listener = bind(&args.host, args.port).await?;
         eprintln!("llmr router listening on http://{} (database {})", listener.local_addr()?, db.display());
         router.serve(listener, shutdown_signal()).await
     })

@@ -407,10 +407,15 @@ pub enum FinishReason {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatCompletion {
+    /// Read with defaults: what a reader needs is the choices (other servers leave some out).
+    #[serde(default)]
     pub id: String,
     /// `chat.completion`
+    #[serde(default)]
     pub object: String,
+    #[serde(default)]
     pub created: u64,
+    #[serde(default)]
     pub model: String,
     #[serde(default)]
     pub system_fingerprint: Option<String>,
@@ -421,6 +426,7 @@ pub struct ChatCompletion {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatChoice {
+    #[serde(default)]
     pub index: u32,
     pub message: ResponseMessage,
     #[serde(default)]
@@ -440,10 +446,15 @@ pub struct ResponseMessage {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatCompletionChunk {
+    /// Read with defaults: what a reader needs is the choices (other servers leave some out).
+    #[serde(default)]
     pub id: String,
     /// `chat.completion.chunk`
+    #[serde(default)]
     pub object: String,
+    #[serde(default)]
     pub created: u64,
+    #[serde(default)]
     pub model: String,
     #[serde(default)]
     pub system_fingerprint: Option<String>,
@@ -454,6 +465,7 @@ pub struct ChatCompletionChunk {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChunkChoice {
+    #[serde(default)]
     pub index: u32,
     pub delta: Delta,
     #[serde(default)]
@@ -508,6 +520,19 @@ mod tests {
         assert_eq!((r.sampling.max_tokens, r.sampling.logprobs), (Some(5), Some(2)));
         assert!(r.stream && r.include_usage);
         assert_eq!(r.sampling.stop, vec!["\n".to_string()]);
+    }
+
+    #[test]
+    fn answers_from_other_servers_are_read_without_their_metadata() {
+        let chunk: ChatCompletionChunk = serde_json::from_str(r#"{"choices":[{"delta":{"content":"Hé"}}]}"#).unwrap();
+        assert_eq!(chunk.choices[0].delta.content.as_deref(), Some("Hé"));
+        let whole: ChatCompletion = serde_json::from_str(
+            r#"{"choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(whole.choices[0].message.content.as_deref(), Some("hi"));
+        let list: crate::ModelList = serde_json::from_str(r#"{"data":[{"id":"m"}]}"#).unwrap();
+        assert_eq!(list.data[0].id, "m");
     }
 
     #[test]

@@ -6,8 +6,12 @@ use serde::{Deserialize, Serialize};
 pub struct ModelObject {
     pub id: String,
     /// `model`
+    #[serde(default)]
     pub object: String,
+    /// Other servers may leave this and `owned_by` out; a reader needs only the id.
+    #[serde(default)]
     pub created: u64,
+    #[serde(default)]
     pub owned_by: String,
 }
 
@@ -20,6 +24,7 @@ impl ModelObject {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelList {
     /// `list`
+    #[serde(default)]
     pub object: String,
     pub data: Vec<ModelObject>,
 }

@@ -1,0 +1,115 @@
+//! `Serve` and `ClusterNode`: started, answering through the router, stopped within the grace.
+
+use crate::support::{echo_engines, serve_config};
+use llmr_node::NodeConfig;
+use llmr_serve::{ClusterNode, ClusterNodeConfig, Error, Serve, STOP_GRACE};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn chat(model: &str, text: &str, extra: Value) -> Value {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": text}]});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_completion_goes_through_the_router_to_the_embedded_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_config(dir.path(), "echo", 0)).await.unwrap();
+    assert!(serve.addr().ip().is_loopback() && serve.addr().port() != 0);
+    assert_eq!((serve.models(), serve.default_model()), (&["echo".to_string()][..], "echo"));
+
+    let http = reqwest::Client::new();
+    let url = format!("http://{}", serve.addr());
+    let resp = http.post(format!("{url}/v1/chat/completions")).json(&chat("echo", "hi there", json!({}))).send().await;
+    let resp = resp.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-llmr-node"], "local", "the router proxied it to the embedded node");
+    let body: Value = resp.json().await.unwrap();
+    // The echo engine repeats the rendered (ChatML) prompt.
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "<|im_start|>user hi there<|im_end|> <|im_start|>assistant",
+        "{body}"
+    );
+    let health: Value = http.get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (health["nodes_healthy"].as_u64(), health["models_loaded"].clone()),
+        (Some(1), json!(["echo"])),
+        "{health}"
+    );
+
+    let addr = serve.addr();
+    let started = Instant::now();
+    serve.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(2), "nothing in flight: {:?}", started.elapsed());
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "no longer listening");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_is_bounded_when_a_stream_does_not_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // 200 words at 100 ms a word: 20 s of stream.
+    let serve = Serve::start(serve_config(dir.path(), "slow", 100)).await.unwrap();
+    let long = vec!["word"; 200].join(" ");
+    let body = chat("slow", &long, json!({"stream": true}));
+    let url = format!("http://{}/v1/chat/completions", serve.addr());
+    let mut resp = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.chunk().await.unwrap().is_some(), "the stream started");
+
+    let started = Instant::now();
+    serve.stop().await;
+    let took = started.elapsed();
+    assert!(took >= STOP_GRACE - Duration::from_millis(500), "it waited for the stream: {took:?}");
+    assert!(took < STOP_GRACE + Duration::from_secs(2), "but no longer than the grace: {took:?}");
+}
+
+#[tokio::test]
+async fn a_public_address_without_a_key_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = serve_config(dir.path(), "echo", 0);
+    config.host = "0.0.0.0".into();
+    match Serve::start(config).await {
+        Err(e @ Error::Exposed { .. }) => {
+            assert!(e.to_string().starts_with("refusing to listen on 0.0.0.0 without an API key"), "{e}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("served on 0.0.0.0 without a key"),
+    }
+    assert!(!dir.path().join("router.db").exists(), "the router was not opened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_registers_with_the_router_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_config(dir.path(), "echo", 0)).await.unwrap();
+    let url = format!("http://{}", serve.addr());
+    let config = ClusterNodeConfig {
+        node: NodeConfig { engines_dir: echo_engines(&dir.path().join("engines-b"), 0), ..NodeConfig::default() },
+        router: url.clone(),
+        // The router of a `Serve` without a key requires none.
+        token: "any".into(),
+        name: "b".into(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        advertise: None,
+        api_key: None,
+        store: dir.path().join("store-b"),
+    };
+    let mut node = ClusterNode::start(config).await.unwrap();
+    assert_eq!(node.registration().url, format!("http://{}", node.addr()));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let id = tokio::select! {
+        r = node.run(move |registered| { let _ = tx.send(registered.node_id.clone()); }) => panic!("run ended: {r:?}"),
+        id = rx => id.unwrap(),
+    };
+    let nodes: Value = reqwest::get(format!("{url}/v0/nodes")).await.unwrap().json().await.unwrap();
+    let names: Vec<&str> = nodes["data"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"b") && names.contains(&"local"), "{nodes}");
+    assert!(nodes["data"].as_array().unwrap().iter().any(|n| n["id"] == id.as_str()), "{nodes}");
+
+    let started = Instant::now();
+    node.stop().await;
+    serve.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
