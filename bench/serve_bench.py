@@ -26,7 +26,9 @@ workload is bounded in count and time.
 
 --write appends the table to bench/RESULTS.md with the date, commit, machine and command.
 --smoke checks the harness (exit 1 on any failure: an HTTP error, a stream without tokens, missing
-usage, a server that dies), not the speed; it never writes.
+usage, a server that dies, a workload or figure missing from either server), not the speed: where
+a measured run counts what fits in a time window, a smoke run waits for what its figures need
+(within generous bounds), so a slow or busy machine passes too. It never writes.
 
 The load generator needs aiohttp: the script creates ${LLMR_BENCH_VENV:-~/.cache/llmr/venv-bench},
 installs bench/requirements-serve.txt into it (again only when that file changed) and re-runs itself
@@ -37,6 +39,7 @@ import asyncio
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import random
@@ -128,11 +131,17 @@ class Sizes:
     probe_n: int = 3             # normal requests before and after the storm
     probe_prompt: int = 100
     probe_max: int = 16
+    # --smoke checks the harness, not the speed: no workload may depend on how much a machine does
+    # in a given time. Where a measured run counts what happens inside a time window, the smoke
+    # run also waits (up to `smoke_wait` seconds) for the events its figures need: every client's
+    # request finished, short-stream tokens before and during the long prefill.
+    smoke: bool = False
+    smoke_wait: float = 300.0
 
 
 SMOKE = Sizes(single_n=2, single_max=16, levels=(1, 4), level_warm=0.5, level_dur={1: 2.0, 4: 2.0},
               level_max=16, shared_n=4, shared_prefix=200, long_short_max=256, long_baseline=1.5,
-              long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2)
+              long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2, smoke=True)
 
 
 # --- prompts -----------------------------------------------------------------------------------
@@ -276,7 +285,9 @@ async def w_levels(cl, corpus, sz):
     """N closed-loop clients per level. The clients start spread over the warm-up (no synchronized
     burst); throughput is counted inside the window [warm-up end, end]; at the end no request is
     sent any more, the requests in flight are kept until their first token (their TTFT counts)
-    and then dropped."""
+    and then dropped. In a smoke run every client sends at least one request and every request
+    runs to its end, however long the machine takes (within `smoke_wait`), so the figures never
+    depend on the machine's speed."""
     out = {}
     for c in sz.levels:
         t0 = time.perf_counter()
@@ -287,7 +298,7 @@ async def w_levels(cl, corpus, sz):
         async def worker(j, c=c):
             await asyncio.sleep(j * sz.level_warm / c)
             i = 0
-            while time.perf_counter() < w1:
+            while time.perf_counter() < w1 or (sz.smoke and i == 0):
                 k = f"c{c}-{j}-{i}"
                 await cl.chat(user(corpus.passage(sz.level_prompt, k) + "\n\nContinue this scene of Hamlet."),
                               sz.level_max, seed_of(k), sink=rs.append)
@@ -295,6 +306,17 @@ async def w_levels(cl, corpus, sz):
 
         tasks = [asyncio.ensure_future(worker(j)) for j in range(c)]
         await asyncio.sleep(max(0.0, w1 - time.perf_counter()))
+        if sz.smoke:
+            # The workers stop sending at the window's end and return when their last request is done.
+            done, pending = await asyncio.wait(tasks, timeout=sz.smoke_wait, return_when=asyncio.FIRST_EXCEPTION)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for t in done:
+                t.result()                          # raises a failed request's error
+            if pending:
+                raise HarnessError(f"c={c}: {len(pending)} of {c} clients still had a request running "
+                                   f"{sz.smoke_wait:.0f} s after the window closed")
         while (any(not r.times and not r.end for r in rs)
                and not any(t.done() and t.exception() for t in tasks)     # a failed request
                and time.perf_counter() < w1 + 120):
@@ -308,6 +330,8 @@ async def w_levels(cl, corpus, sz):
         finished = [r for r in rs if r.usage]
         if not finished:
             raise HarnessError(f"c={c}: no request finished in {w1 - t0:.0f} s")
+        if sz.smoke and len(finished) != len(rs):
+            raise HarnessError(f"c={c}: {len(rs) - len(finished)} of {len(rs)} requests ended without usage")
         # Chunks are counted in the window and scaled to tokens by usage / chunks (a chunk is
         # almost always one token; a character split across tokens makes one chunk of two).
         per_chunk = sum(r.tokens for r in finished) / sum(len(r.times) for r in finished)
@@ -347,6 +371,23 @@ async def w_shared(cl, corpus, sz):
     }
 
 
+def pairs_of(results):
+    """(earlier, later) arrival times of consecutive tokens of each stream."""
+    return [(t1, t2) for r in list(results) for t1, t2 in zip(r.times, r.times[1:])]
+
+
+async def wait_for_event(cond, tasks, limit, what):
+    """Smoke runs: polls `cond` up to `limit` seconds, failing at once if one of `tasks` failed."""
+    deadline = time.perf_counter() + limit
+    while not cond():
+        for t in tasks:
+            if t.done():
+                t.result()
+        if time.perf_counter() > deadline:
+            raise HarnessError(f"no {what} within {limit:.0f} s")
+        await asyncio.sleep(0.05)
+
+
 async def w_long(cl, corpus, sz):
     """Short streams decode alone for a while, then a long prompt arrives; compares their token gaps.
 
@@ -379,11 +420,20 @@ async def w_long(cl, corpus, sz):
             await asyncio.sleep(0.05)
         w0 = time.perf_counter()
         await asyncio.sleep(sz.long_baseline)
+        if sz.smoke:
+            # However slow the machine: a gap between two short-stream tokens before the long prompt.
+            await wait_for_event(lambda: any(t1 >= w0 for t1, _ in pairs_of(results)), shorts, sz.smoke_wait,
+                                 "two short-stream tokens before the long prompt")
         for t in shorts:
             if t.done():
                 t.result()                  # raises the short stream's failure
         lr = await cl.chat(user(corpus.passage(sz.long_prompt, "long-prompt") + "\n\nWhat happens in this passage?"),
                            4, seed_of("long-prompt"))
+        if sz.smoke:
+            # And a gap overlapping the long prompt's prefill (a short-stream token after its first).
+            a, b = lr.sent, lr.times[0]
+            await wait_for_event(lambda: any(t2 > a and t1 < b for t1, t2 in pairs_of(results)), shorts,
+                                 sz.smoke_wait, "a short-stream token during or after the long prefill")
     finally:
         for t in shorts:
             t.cancel()                      # drops the connections: the servers cancel
@@ -393,7 +443,7 @@ async def w_long(cl, corpus, sz):
             raise d if isinstance(d, BaseException) else HarnessError(f"short stream ended: {d}")
     await asyncio.sleep(0.5)                # let the servers free the dropped slots
     a, b = lr.sent, lr.times[0]             # the long prompt is being prefilled in [a, b]
-    pairs = [(t1, t2) for r in results for t1, t2 in zip(r.times, r.times[1:])]
+    pairs = pairs_of(results)
     alone = [t2 - t1 for t1, t2 in pairs if t1 >= w0 and t2 <= a]
     during = [t2 - t1 for t1, t2 in pairs if t2 > a and t1 < b]
     if not alone or not during:
@@ -672,6 +722,36 @@ def goals(ref, ours, levels):
     return "\n".join(["| goal | target | llmr | llama-server | met |", "|---|---|---:|---:|---|"] + g)
 
 
+# --- smoke check ---------------------------------------------------------------------------------
+
+def smoke_failures(results, failures, names, servers, workloads, levels):
+    """What a smoke run must have produced: figures from every server and workload asked for, each a
+    finite number (speed is not judged), and a cancel storm that really dropped streams."""
+    out = []
+    for name in names:
+        for kind in servers:
+            fig = results.get((name, kind))
+            if fig is None:
+                if not any(f.startswith(f"{name} / {kind}:") for f in failures):
+                    out.append(f"{name} / {kind}: no figures")
+                continue
+            keys = []
+            for _, key, _ in rows(levels):
+                keys += list(key) if isinstance(key, tuple) else [key]
+            for key in keys:
+                workload = key.split(".", 1)[0] if "." in key else None
+                if workload and workload.startswith("c") and workload[1:].isdigit():
+                    workload = "levels"
+                if workload and workload not in workloads:
+                    continue
+                v = fig.get(key)
+                if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    out.append(f"{name} / {kind}: figure {key} is {v!r}")
+            if "storm" in workloads and not fig.get("storm.dropped"):
+                out.append(f"{name} / {kind}: no stream of the cancel storm was dropped (the cancel path did not run)")
+    return out
+
+
 # --- main --------------------------------------------------------------------------------------
 
 def sh(cmd, **kw):
@@ -746,7 +826,8 @@ def main():
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--workload-timeout", type=float, default=300)
     ap.add_argument("--max-minutes", type=float, default=None,
-                    help="bound of the whole run after the builds, quiet wait excluded (default 30, smoke 5)")
+                    help="bound of the whole run after the builds, quiet wait excluded (default 30, smoke too: a "
+                    "smoke run takes a few minutes here and must pass on a machine several times slower)")
     a = ap.parse_args()
     a.models = a.models or ("smollm2" if a.smoke else "smollm2,gemma3")
     if a.retries is None:
@@ -784,7 +865,7 @@ def main():
         if not Path(v).is_file():
             die(f"{k} binary not found at {v}")
 
-    a.max_minutes = a.max_minutes or (5 if a.smoke else 30)
+    a.max_minutes = a.max_minutes or 30
     a.deadline = time.time() + a.max_minutes * 60
     a.quiet_left = a.wait_quiet
     load_before = quiet_wait(a, load=True)
@@ -813,6 +894,9 @@ def main():
                     log(f"{name} / {kind}: other processes used {fig['other_cpu']:.2f} cores while measuring: "
                         f"measuring again (retry {attempt + 1} of {a.retries})")
                     quiet_wait(a)
+    if a.smoke:
+        failures += smoke_failures(results, failures, names, [k for k in a.servers.split(",")],
+                                   a.workloads.split(","), sz.levels)
     load_after = load1()
     other_max = max((f["other_cpu"] for f in results.values()), default=0.0)
     quiet = load_before < 1.0 and other_max < 0.25

@@ -582,6 +582,7 @@ def test_tool_call_stream_chunks_match_schema(server):
 
 def test_client_disconnect_frees_the_slot(limited_server):
     s = limited_server
+    generated = s.metric("llmr_generated_tokens_total", model="smollm2")
     sock = open_raw_stream(s, LONG_BODY)
     try:
         head = read_events(sock, 4)
@@ -590,13 +591,16 @@ def test_client_disconnect_frees_the_slot(limited_server):
         assert s.metric("llmr_slots_busy", model="smollm2") == 1
     finally:
         sock.close()
-    freed = wait_for(lambda: s.metric("llmr_slots_busy", model="smollm2") == 0, 10, "the slot to be freed")
-    # The full generation would take about two minutes; the next request is served at once.
-    start = time.monotonic()
+    # The slot is held until the engine returns, so a free slot means the generation ended.
+    wait_for(lambda: s.metric("llmr_slots_busy", model="smollm2") == 0, 60, "the slot to be freed")
+    # It ended because the client left: it generated a few tokens after the disconnect, not the
+    # 2,000 it asked for (counted when it ended, before the slot was released).
+    cut_at = s.metric("llmr_generated_tokens_total", model="smollm2") - generated
+    assert 0 < cut_at < LONG_BODY["max_tokens"] / 2, f"the abandoned generation made {cut_at} tokens"
+    # The next request gets the slot and runs to its end.
     res = s.client().chat.completions.create(model="smollm2", messages=CHAT, max_tokens=8, temperature=0)
-    elapsed = time.monotonic() - start
     assert res.choices[0].finish_reason in ("stop", "length")
-    assert elapsed < 15, f"second request took {elapsed:.1f}s after the disconnect (slot freed after {freed:.1f}s)"
+    assert s.metric("llmr_generated_tokens_total", model="smollm2") - generated == cut_at + res.usage.completion_tokens
 
 
 def test_queue_full_is_429_with_retry_after(limited_server):
@@ -606,7 +610,7 @@ def test_queue_full_is_429_with_retry_after(limited_server):
     try:
         read_events(running, 1)  # holds the only slot
         queued = open_raw_stream(s, LONG_BODY)  # takes the only queue place
-        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 1, 10, "the second request to be queued")
+        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 1, 60, "the second request to be queued")
 
         with pytest.raises(openai.RateLimitError) as err:
             s.client(max_retries=0).chat.completions.create(model="smollm2", messages=CHAT, max_tokens=8)
@@ -623,7 +627,7 @@ def test_queue_full_is_429_with_retry_after(limited_server):
             if sock is not None:
                 sock.close()
     wait_for(lambda: s.metric("llmr_slots_busy", model="smollm2") == 0
-             and s.metric("llmr_queue_depth", model="smollm2") == 0, 15, "slot and queue to empty")
+             and s.metric("llmr_queue_depth", model="smollm2") == 0, 60, "slot and queue to empty")
     res = s.client().chat.completions.create(model="smollm2", messages=CHAT, max_tokens=4)
     assert res.choices[0].finish_reason in ("stop", "length")
 
@@ -636,16 +640,16 @@ def test_queued_client_disconnect_frees_its_queue_place(limited_server):
     try:
         read_events(running, 1)
         queued = open_raw_stream(s, LONG_BODY)
-        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 1, 10, "the second request to be queued")
+        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 1, 60, "the second request to be queued")
         queued.close()
         queued = None
-        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 0, 10,
+        wait_for(lambda: s.metric("llmr_queue_depth", model="smollm2") == 0, 60,
                  "the queue place of the disconnected client to be freed")
     finally:
         for sock in (queued, running):
             if sock is not None:
                 sock.close()
-    wait_for(lambda: s.metric("llmr_slots_busy", model="smollm2") == 0, 15, "the slot to be freed")
+    wait_for(lambda: s.metric("llmr_slots_busy", model="smollm2") == 0, 60, "the slot to be freed")
 
 
 # --- found while writing these tests and running llama.cpp's server suite (tests/llama-server) ------
@@ -676,8 +680,13 @@ def test_response_format_json_is_refused_until_decoding_can_be_constrained(clien
     assert "not supported" in err.value.body["message"]
 
 
-@pytest.mark.xfail(strict=False, reason="known limitation: a named tool_choice is forced by prefilling the call, not by a "
-                   "grammar; at temperature 1 about 1 in 5 Qwen2.5-0.5B answers continue the prefill with invalid JSON")
+# What a named tool_choice appends to Qwen's prompt (Hermes format): the model continues the call.
+NAMED_PREFILL = '<tool_call>\n{"name": "get_weather", "arguments": '
+
+
+@pytest.mark.xfail(strict=True, reason="known limitation until decoding can be constrained by a grammar: a named "
+                   "tool_choice is forced by prefilling the call, and at temperature 1 Qwen2.5-0.5B continues the "
+                   "prefill with invalid JSON for seeds 0 and 5 of these six (the same on every run)")
 def test_named_tool_choice_always_calls_the_tool(client):
     named = TOOL_CHOICES["named"]
     for seed in range(6):
@@ -687,6 +696,28 @@ def test_named_tool_choice_always_calls_the_tool(client):
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, (seed, choice.message)
         assert choice.message.tool_calls[0].function.name == "get_weather"
         assert "<tool_call>" not in (choice.message.content or "")
+
+
+def test_named_tool_choice_gives_the_call_or_the_prefilled_text(client):
+    """What a named tool_choice does today, without a grammar: each answer is a call of the named
+    function, or (when the model breaks the JSON) the prefilled call and its continuation as plain
+    content, finishing `stop` or `length`; never an error, another function or a half-parsed call."""
+    named = TOOL_CHOICES["named"]
+    called = []
+    for seed in range(6):
+        res = client.chat.completions.create(model="qwen", messages=WEATHER_CHAT, tools=[WEATHER_TOOL], tool_choice=named,
+                                             max_tokens=64, temperature=1, seed=seed)
+        choice = res.choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls", (seed, choice)
+            assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"], (seed, choice)
+            assert "<tool_call>" not in (choice.message.content or ""), (seed, choice)
+            called.append(seed)
+        else:
+            assert choice.finish_reason in ("stop", "length"), (seed, choice)
+            assert (choice.message.content or "").startswith(NAMED_PREFILL), (seed, choice)
+            assert len(choice.message.content) > len(NAMED_PREFILL), (seed, choice)
+    assert called, "no answer was a call: the prefill does not work"
 
 
 def test_wrong_method_is_an_openai_error(server):

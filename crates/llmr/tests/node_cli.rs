@@ -121,7 +121,7 @@ fn registers_prints_its_address_requires_its_secret_and_stops_on_sigterm() {
     assert_eq!(secret.len(), 64, "32 random bytes, hex");
     assert!(registration["runtimes"].as_array().unwrap().contains(&json!("LlamaCpp")), "{registration}");
 
-    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
     let models = format!("{url}/v1/models");
     assert_eq!(http.get(&models).send().unwrap().status().as_u16(), 401);
     assert_eq!(http.get(&models).bearer_auth("guess").send().unwrap().status().as_u16(), 401);

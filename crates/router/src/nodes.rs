@@ -191,24 +191,43 @@ pub(crate) mod tests {
         }
     }
 
+    /// Records a heartbeat and returns how many nodes are ready for `m` right after it. A round
+    /// that took longer than the table's heartbeat timeout proves nothing (the thread was
+    /// descheduled past it) and is repeated, within a bound, so a slow machine cannot fail this.
+    fn ready_right_after_heartbeat(table: &NodeTable, id: &str, models: &[(&str, ModelState, bool)]) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let round = Instant::now();
+            assert!(table.heartbeat(id, heartbeat(models)));
+            let ready = table.ready_for("m").len();
+            if ready > 0 || round.elapsed() <= table.heartbeat_timeout {
+                return ready;
+            }
+            assert!(Instant::now() < deadline, "no round within the timeout in 60 s");
+        }
+    }
+
     #[test]
     fn readiness_follows_heartbeats_and_failures() {
-        let table = NodeTable::new(Duration::from_millis(200));
+        let table = NodeTable::new(Duration::from_millis(300));
         let node = table.register("a", registration("a"));
         assert_eq!(node.url, "http://127.0.0.1:1/a");
         assert!(table.ready_for("m").is_empty(), "no heartbeat yet: no models");
-        assert!(
-            table.heartbeat("a", heartbeat(&[("m", ModelState::Ready, false), ("u", ModelState::Unsupported, false)]))
-        );
-        assert_eq!(table.ready_for("m").len(), 1);
+        let reported = [("m", ModelState::Ready, false), ("u", ModelState::Unsupported, false)];
+        assert_eq!(ready_right_after_heartbeat(&table, "a", &reported), 1);
         assert!(table.ready_for("u").is_empty());
         assert_eq!(table.reported_models(), vec!["m".to_string()]);
         node.mark_failed();
         assert!(table.ready_for("m").is_empty(), "a failed node leaves at once");
-        assert!(table.heartbeat("a", heartbeat(&[("m", ModelState::Ready, false)])));
-        assert_eq!(table.ready_for("m").len(), 1, "and comes back with its next heartbeat");
-        std::thread::sleep(Duration::from_millis(250));
+        let ready = [("m", ModelState::Ready, false)];
+        assert_eq!(ready_right_after_heartbeat(&table, "a", &ready), 1, "and comes back with its next heartbeat");
+        // Silent for longer than the timeout (a sleep lasts at least as long as asked): unhealthy,
+        // still listed, and back with the next heartbeat.
+        std::thread::sleep(table.heartbeat_timeout + Duration::from_millis(50));
         assert!(table.ready_for("m").is_empty(), "silent past the timeout: unhealthy");
+        assert!(!node.is_healthy(table.heartbeat_timeout));
+        assert_eq!(table.all().len(), 1);
+        assert_eq!(ready_right_after_heartbeat(&table, "a", &ready), 1, "healthy again after a heartbeat");
         assert!(!table.heartbeat("zzz", heartbeat(&[])), "unknown nodes must register again");
     }
 

@@ -11,7 +11,7 @@ use llmr_router::{Router, RouterConfig, Scope};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 struct Harness {
     base: String,
@@ -322,7 +322,7 @@ async fn only_failing_nodes_give_the_last_error_after_four_retries() {
     let h = start_router(true).await;
     let (bad, hits) = upstream(Behaviour::Fail500).await;
     h.join("bad", &bad, "m").await;
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let r = h.embed("m").await;
     assert_eq!(r.status(), 500);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["message"], "engine broke");
@@ -345,16 +345,36 @@ async fn a_stream_cut_by_its_node_ends_with_an_sse_error_event() {
     assert!(h.metrics().await.contains("llmr_router_streams_cut_total{node=\"flaky\"} 1"));
 }
 
+/// Sends a heartbeat, then a chat request; returns the request's status. A round that took longer
+/// than `timeout` proves nothing (the node may have gone silent meanwhile on a slow machine) and is
+/// repeated, within a bound.
+async fn status_right_after_heartbeat(h: &Harness, id: &str, timeout: Duration) -> reqwest::StatusCode {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let round = Instant::now();
+        assert_eq!(h.heartbeat(id, "m").await, 200);
+        let status = h.chat("m", false).await.status();
+        if status == 200 || round.elapsed() <= timeout {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "no heartbeat and request within {timeout:?} in 60 s");
+    }
+}
+
 #[tokio::test]
 async fn silent_nodes_stop_getting_traffic_and_come_back() {
-    let h = start_router_with(true, Duration::from_millis(400)).await;
-    let (url, _) = upstream(Behaviour::Ok).await;
+    let timeout = Duration::from_millis(1000);
+    let h = start_router_with(true, timeout).await;
+    let (url, hits) = upstream(Behaviour::Ok).await;
     let id = h.join("a", &url, "m").await;
-    assert_eq!(h.chat("m", false).await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status_right_after_heartbeat(&h, &id, timeout).await, 200);
+    let served = hits.load(Ordering::SeqCst);
+    // Silent for longer than the timeout (a sleep lasts at least as long as asked).
+    tokio::time::sleep(timeout + Duration::from_millis(100)).await;
     let r = h.chat("m", false).await;
     assert_eq!(r.status(), 503, "past the heartbeat timeout");
     assert!(r.headers().contains_key("retry-after"));
-    assert_eq!(h.heartbeat(&id, "m").await, 200);
-    assert_eq!(h.chat("m", false).await.status(), 200);
+    assert_eq!(hits.load(Ordering::SeqCst), served, "nothing was sent to the silent node");
+    assert_eq!(status_right_after_heartbeat(&h, &id, timeout).await, 200, "back after a heartbeat");
+    assert_eq!(hits.load(Ordering::SeqCst), served + 1);
 }

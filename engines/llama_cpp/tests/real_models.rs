@@ -9,7 +9,6 @@ use llmr_engine_host::{
 };
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
@@ -89,9 +88,12 @@ fn generate_on(
 }
 
 fn greedy(id: u64, prompt: &str, max: u32) -> InferParams<'_> {
-    let mut p = InferParams::greedy(id, "smollm2", prompt);
-    p.sampling.max_tokens = Some(max);
-    p
+    greedy_on("smollm2", id, prompt, max)
+}
+
+/// Greedy, at most `max` tokens, on the model loaded as `model`.
+fn greedy_on<'a>(model: &'a str, id: u64, prompt: &'a str, max: u32) -> InferParams<'a> {
+    InferParams::new(id, model, prompt, Sampling { max_tokens: Some(max), ..Sampling::greedy() })
 }
 
 #[test]
@@ -200,12 +202,11 @@ fn logprobs_are_real_log_probabilities_with_alternatives() {
 }
 
 #[test]
-fn cancel_mid_generation_frees_the_slot_and_the_next_request_runs_at_full_speed() {
+fn cancel_mid_generation_stops_the_sequence_and_frees_its_slot() {
     let engine = private_engine(2);
     let prompt = "List the numbers from one to one hundred in words:";
-    let start = Instant::now();
-    let (_, _, baseline) = generate_on(&engine, &greedy(30, prompt, 48));
-    let baseline_tps = baseline.completion_tokens as f64 / start.elapsed().as_secs_f64();
+    let (baseline_text, _, baseline) = generate_on(&engine, &greedy(30, prompt, 48));
+    assert_eq!((baseline.finish_reason, baseline.completion_tokens), (FinishReason::Length, 48));
 
     let mut p = greedy(31, prompt, 2000);
     p.ignore_eos = true;
@@ -218,15 +219,24 @@ fn cancel_mid_generation_frees_the_slot_and_the_next_request_runs_at_full_speed(
         .unwrap();
     assert_eq!(res.finish_reason, FinishReason::Cancelled);
     assert_eq!(n, 5, "no token after the callback said stop");
+    // The scheduler may sample a few tokens before it sees the flag, not the 2,000 asked for.
+    assert!((5..1000).contains(&res.completion_tokens), "{} tokens generated", res.completion_tokens);
 
-    let metrics = engine.metrics().unwrap();
-    let busy = metrics["slots_busy"].as_u64().unwrap();
-    assert_eq!(busy, 0, "slot released: {metrics}");
-    let start = Instant::now();
-    let (_, _, after) = generate_on(&engine, &greedy(32, prompt, 48));
-    let after_tps = after.completion_tokens as f64 / start.elapsed().as_secs_f64();
-    eprintln!("tokens/s before {baseline_tps:.1}, after cancel {after_tps:.1}");
-    assert!(after_tps > baseline_tps * 0.5, "after cancel {after_tps:.1} tok/s vs {baseline_tps:.1}");
+    let stats = model_stats(&engine, "smollm2");
+    assert_eq!(stats["slots_busy"].as_u64(), Some(0), "slot released: {stats}");
+    assert_eq!(stats["queued"].as_u64(), Some(0), "{stats}");
+    // The next request gets the freed slot and runs to its end, with the baseline's answer.
+    let (after_text, _, after) = generate_on(&engine, &greedy(32, prompt, 48));
+    assert_eq!((after.finish_reason, after.completion_tokens), (FinishReason::Length, 48));
+    let head = |t: &str| t.split_whitespace().take(6).collect::<Vec<_>>().join(" ");
+    assert_eq!(head(&after_text), head(&baseline_text));
+    // The cancelled sequence produced nothing after its request ended: every token the engine
+    // generated belongs to one of the three answers (a sequence left running would have kept
+    // decoding beside the last request).
+    let stats = model_stats(&engine, "smollm2");
+    let accounted = u64::from(baseline.completion_tokens + res.completion_tokens + after.completion_tokens);
+    assert_eq!(stats["tokens_generated_total"].as_u64(), Some(accounted), "{stats}");
+    assert_eq!((stats["requests_total"].as_u64(), stats["slots_busy"].as_u64()), (Some(3), Some(0)), "{stats}");
 }
 
 #[test]
@@ -259,17 +269,50 @@ fn eight_concurrent_requests_complete_with_the_right_counts_and_coherent_text() 
     }
 }
 
+/// The per-model figures of the engine's metrics.
+fn model_stats(engine: &EngineInstance, model: &str) -> serde_json::Value {
+    let all = engine.metrics().unwrap();
+    all["models"].as_array().unwrap().iter().find(|m| m["model"] == model).unwrap().clone()
+}
+
+fn decode_steps(engine: &EngineInstance, model: &str) -> u64 {
+    model_stats(engine, model)["decode_steps_total"].as_u64().unwrap()
+}
+
+/// Decode steps one request takes alone: its uncached prompt in chunks of `chunk` tokens (the last
+/// chunk gives the first token), then one step per further token.
+fn steps_alone(res: &llmr_engine_host::InferResult, chunk: u32) -> u64 {
+    u64::from((res.prompt_tokens - res.cached_tokens).div_ceil(chunk) + res.completion_tokens - 1)
+}
+
 #[test]
 fn a_repeated_prefix_is_served_from_the_cache() {
     let system = format!("<|im_start|>system\n{}<|im_end|>\n", "You answer briefly and precisely. ".repeat(20));
     let first = format!("{system}<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
     let second = format!("{system}<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n");
     let engine = private_engine(2);
+    // Small chunks, so the decode steps show how many prompt tokens were computed.
+    const CHUNK: u32 = 16;
+    engine.set_config(Some("smollm2"), "prefill_chunk", &serde_json::json!(CHUNK)).unwrap();
+    let steps0 = decode_steps(&engine, "smollm2");
     let (_, _, a) = generate_on(&engine, &greedy(40, &first, 8));
-    let (_, _, b) = generate_on(&engine, &greedy(41, &second, 8));
+    let steps1 = decode_steps(&engine, "smollm2");
+    let (text, _, b) = generate_on(&engine, &greedy(41, &second, 8));
+    let steps2 = decode_steps(&engine, "smollm2");
     let prefix = engine.tokenize("smollm2", &system, true, true).unwrap().len() as u32;
+    assert_eq!(a.cached_tokens, 0, "a new instance has nothing cached");
     assert!(b.cached_tokens >= prefix, "cached {} of a {prefix}-token prefix", b.cached_tokens);
-    assert!(b.prompt_eval_ns < a.prompt_eval_ns, "prefix reuse should make the prompt faster");
+    assert!(b.cached_tokens < b.prompt_tokens, "at least one prompt token is decoded, for its logits");
+    // The engine computed only the uncached part of the second prompt: the whole first prompt took
+    // ceil(prompt / 16) steps, the second ceil(rest / 16).
+    assert_eq!(steps1 - steps0, steps_alone(&a, CHUNK), "{a:?}");
+    assert_eq!(steps2 - steps1, steps_alone(&b, CHUNK), "{b:?}");
+    assert!(steps_alone(&b, CHUNK) + 5 <= steps_alone(&a, CHUNK), "{a:?} {b:?}");
+    // The reused cells are the right ones: the answer matches a fresh instance's.
+    let (fresh, _, fresh_res) = generate_on(&private_engine(1), &greedy(42, &second, 8));
+    assert_eq!(fresh_res.cached_tokens, 0);
+    let head = |t: &str| t.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+    assert_eq!(head(&text), head(&fresh), "reused {text:?} vs fresh {fresh:?}");
 }
 
 #[test]
@@ -279,10 +322,7 @@ fn an_idle_cache_is_saved_to_host_memory_and_restored_for_its_prefix() {
     let other = "<|im_start|>user\nCount from one to five.<|im_end|>\n<|im_start|>assistant\n";
     let prefix = private_engine(1).tokenize("smollm2", &system, true, true).unwrap().len() as u32;
     let engine = private_engine(2);
-    let model_stats = |e: &EngineInstance| {
-        let all = e.metrics().unwrap();
-        all["models"].as_array().unwrap().iter().find(|m| m["model"] == "smollm2").unwrap().clone()
-    };
+    let model_stats = |e: &EngineInstance| model_stats(e, "smollm2");
 
     generate_on(&engine, &greedy(60, &ask("What is the capital of Italy?"), 8));
     // A prompt sharing only the chat markup takes the slot that holds the long prompt (or the
@@ -351,31 +391,172 @@ fn a_corrupt_or_foreign_file_is_refused_with_the_right_code_and_no_crash() {
     assert!(generate(&greedy(60, CHAT, 4)).2.completion_tokens > 0);
 }
 
-#[test]
-fn kv_cache_type_and_threads_change_at_run_time() {
-    let engine =
-        EngineInstance::create(&plugin(), &InstanceConfig { slots: 2, context_length: 1024, ..Default::default() })
-            .unwrap();
+/// An instance with SmolLM2 loaded as `id` (the scheduler thread is named after it).
+fn engine_with(id: &str, config: InstanceConfig) -> EngineInstance {
+    let engine = EngineInstance::create(&plugin(), &config).unwrap();
     let p = model_path("smollm2-135m-instruct-q4_1.gguf");
-    engine.load_model(&ModelSpec::new("m", Format::Gguf, p.display().to_string())).unwrap();
-    engine.set_config(Some("m"), "kv_cache_type", &serde_json::json!("q8_0")).unwrap();
-    engine.set_config(Some("m"), "threads", &serde_json::json!(1)).unwrap();
-    let info = engine.model_info("m").unwrap();
-    assert_eq!((info.extra["kv_cache_type"].as_str(), info.extra["threads"].as_u64()), (Some("q8_0"), Some(1)));
-    let mut text = String::new();
-    let res = engine
-        .infer(&InferParams::new(1, "m", CHAT, Sampling { max_tokens: Some(16), ..Sampling::greedy() }), |t| {
-            text.push_str(&t.text);
-            true
-        })
-        .unwrap();
-    // q8_0 keys change SmolLM2-135M's greedy answer from its first token (measured, see the
-    // KV-cache notes), so this checks the setting took effect, not the answer.
-    assert_eq!(res.completion_tokens, 16, "{text:?}");
-    assert!(text.split_whitespace().count() >= 4, "{text:?}");
-    let err = engine.set_config(Some("m"), "kv_cache_type", &serde_json::json!("q3")).unwrap_err();
+    engine.load_model(&ModelSpec::new(id, Format::Gguf, p.display().to_string())).unwrap();
+    engine
+}
+
+#[test]
+fn the_kv_cache_type_changes_the_live_context() {
+    let engine = engine_with("kv", InstanceConfig { slots: 1, context_length: 1024, ..Default::default() });
+    // A prompt, then another that takes its slot: the first one's cache is saved to host memory,
+    // in the context's own format, so its size is that of the live KV cache.
+    let saved_cache = |id: u64| {
+        let mut p = InferParams::greedy(id, "kv", CHAT);
+        (p.sampling.max_tokens, p.ignore_eos) = (Some(16), true);
+        let (text, _, res) = generate_on(&engine, &p);
+        assert_eq!(res.completion_tokens, 16);
+        generate_on(&engine, &greedy_on("kv", id + 1, "Hello", 1));
+        let stats = model_stats(&engine, "kv");
+        assert_eq!(stats["prefix_cache_entries"].as_u64(), Some(1), "{stats}");
+        (text, stats["prefix_cache_bytes"].as_u64().unwrap())
+    };
+    let (f16_text, f16_bytes) = saved_cache(1);
+    engine.set_config(Some("kv"), "kv_cache_type", &serde_json::json!("q8_0")).unwrap();
+    let info = engine.model_info("kv").unwrap();
+    assert_eq!(info.extra["kv_cache_type"], "q8_0");
+    let (q8_text, q8_bytes) = saved_cache(3);
+    // q8_0 stores 32 values in 34 bytes, f16 in 64: the same cells take about half the memory.
+    let ratio = q8_bytes as f64 / f16_bytes as f64;
+    eprintln!("saved cache: f16 {f16_bytes} bytes, q8_0 {q8_bytes} bytes ({ratio:.3})");
+    assert!((0.45..0.65).contains(&ratio), "q8_0 {q8_bytes} bytes, f16 {f16_bytes} bytes");
+    // And they change SmolLM2-135M's greedy answer (measured: from its first token).
+    assert_ne!(q8_text, f16_text, "the same answer with q8_0 keys and values");
+    // Back to f16: the same context as at first, the same cache size and answer.
+    engine.set_config(Some("kv"), "kv_cache_type", &serde_json::json!("f16")).unwrap();
+    assert_eq!(saved_cache(5), (f16_text, f16_bytes));
+
+    let err = engine.set_config(Some("kv"), "kv_cache_type", &serde_json::json!("q3")).unwrap_err();
     assert_eq!(err.status, EngineStatus::Unsupported);
     assert!(err.message.contains("kv_cache_type"), "{}", err.message);
+}
+
+/// CPU clock ticks used so far by each thread of this process named `name` (threads inherit the
+/// name of the thread that starts them, so llama.cpp's workers carry the scheduler's).
+#[cfg(target_os = "linux")]
+fn thread_ticks(name: &str) -> std::collections::HashMap<u32, u64> {
+    let mut out = std::collections::HashMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if &stat[open + 1..close] != name {
+            continue;
+        }
+        // After the name: state is field 3, utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        out.insert(task.file_name().to_str().unwrap().parse().unwrap(), ticks);
+    }
+    out
+}
+
+/// How many threads named `name` used CPU time while `f` ran.
+#[cfg(target_os = "linux")]
+fn threads_busy_during(name: &str, f: impl FnOnce()) -> usize {
+    let before = thread_ticks(name);
+    f();
+    let after = thread_ticks(name);
+    after.iter().filter(|(tid, t)| **t > before.get(tid).copied().unwrap_or(0)).count()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_thread_count_changes_the_threads_that_compute() {
+    // The scheduler thread of model "thr" is "llmr-sched-thr"; llama.cpp's workers inherit it.
+    let engine =
+        engine_with("thr", InstanceConfig { slots: 1, context_length: 1024, threads: 2, ..Default::default() });
+    assert_eq!(engine.model_info("thr").unwrap().extra["threads"], 2);
+    let run = |id: u64| {
+        let mut p = InferParams::greedy(id, "thr", CHAT);
+        (p.sampling.max_tokens, p.ignore_eos) = (Some(64), true);
+        assert_eq!(generate_on(&engine, &p).2.completion_tokens, 64);
+    };
+    run(1); // the worker pool starts
+    let two = threads_busy_during("llmr-sched-thr", || run(2));
+    eprintln!("threads = 2: {two} threads computed");
+    assert!(two >= 2, "{two} threads computed with threads = 2");
+    engine.set_config(Some("thr"), "threads", &serde_json::json!(1)).unwrap();
+    run(3); // the context is rebuilt with one thread; the pool's workers go to sleep
+    let one = threads_busy_during("llmr-sched-thr", || run(4));
+    eprintln!("threads = 1: {one} threads computed");
+    assert_eq!(one, 1, "only the scheduler thread computes with threads = 1");
+    engine.set_config(Some("thr"), "threads", &serde_json::json!(2)).unwrap();
+    run(5);
+    let two = threads_busy_during("llmr-sched-thr", || run(6));
+    assert!(two >= 2, "{two} threads computed with threads = 2 again");
+    let err = engine.set_config(Some("thr"), "threads", &serde_json::json!(0)).unwrap_err();
+    assert_eq!(err.status, EngineStatus::Unsupported);
+}
+
+#[test]
+fn prefill_chunk_sets_how_many_prompt_tokens_a_step_reads() {
+    let engine = engine_with("chunk", InstanceConfig { slots: 1, context_length: 1024, ..Default::default() });
+    // Prompts of the same length that share no prefix (so nothing cached is reused), one token each.
+    let prompt = |word: &str| format!("{word} ").repeat(60);
+    let mut steps = Vec::new();
+    for (i, chunk) in [256u32, 7, 32].into_iter().enumerate() {
+        if i > 0 {
+            engine.set_config(Some("chunk"), "prefill_chunk", &serde_json::json!(chunk)).unwrap();
+        }
+        let before = decode_steps(&engine, "chunk");
+        let text = prompt(["red", "blue", "green"][i]);
+        let params = greedy_on("chunk", 10 + i as u64, &text, 1);
+        let (_, _, res) = generate_on(&engine, &params);
+        let taken = decode_steps(&engine, "chunk") - before;
+        assert!(res.prompt_tokens >= 60 && res.cached_tokens <= 1, "{res:?}");
+        assert_eq!(taken, steps_alone(&res, chunk), "chunk {chunk}: {res:?}");
+        steps.push(taken);
+    }
+    assert_eq!(steps[0], 1, "the default chunk (256) reads the whole prompt in one step");
+    assert!(steps[1] > steps[2] && steps[2] > steps[0], "{steps:?}");
+}
+
+#[test]
+fn slots_bound_how_many_sequences_run_at_once() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    for slots in [1u32, 2] {
+        let id = format!("slots{slots}");
+        let engine = engine_with(&id, InstanceConfig { slots, context_length: 1024, ..Default::default() });
+        let stop = AtomicBool::new(false);
+        let tokens = [AtomicU32::new(0), AtomicU32::new(0)];
+        std::thread::scope(|s| {
+            for (i, count) in tokens.iter().enumerate() {
+                let (engine, stop, id) = (&engine, &stop, &id);
+                s.spawn(move || {
+                    let mut p = InferParams::greedy(i as u64, id, "Count from one to one thousand:");
+                    (p.sampling.max_tokens, p.ignore_eos) = (Some(900), true);
+                    engine.infer(&p, |_| {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        !stop.load(Ordering::SeqCst)
+                    })
+                });
+            }
+            // Both requests reach the scheduler and `slots` of them generate, the others wait: the
+            // metrics and the tokens each request received agree (an engine admitting more than
+            // its slots never gets there).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            loop {
+                let stats = model_stats(&engine, &id);
+                let counts = tokens.each_ref().map(|c| c.load(Ordering::SeqCst));
+                let running = counts.iter().filter(|&&n| n > 0).count() as u64;
+                let expected = (Some(2), Some(u64::from(slots)), Some(u64::from(2 - slots)), u64::from(slots));
+                let seen =
+                    (stats["requests_total"].as_u64(), stats["slots_busy"].as_u64(), stats["queued"].as_u64(), running);
+                if seen == expected && counts.iter().any(|&n| n >= 10) {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    stop.store(true, Ordering::SeqCst);
+                    panic!("slots {slots}: (requests, busy, queued, generating) {seen:?}, tokens {counts:?}: {stats}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            stop.store(true, Ordering::SeqCst);
+        });
+    }
 }
 
 fn tempfile_dir() -> PathBuf {

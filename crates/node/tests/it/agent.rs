@@ -45,7 +45,7 @@ async fn registers_once_the_router_is_up_heartbeats_and_registers_again_when_for
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!registering.is_finished(), "no router yet");
     let router = FakeRouter::start_on(tokio::net::TcpListener::bind(addr).await.unwrap()).await;
-    let (agent, registered) = tokio::time::timeout(Duration::from_secs(10), registering).await.unwrap().unwrap();
+    let (agent, registered) = tokio::time::timeout(Duration::from_secs(60), registering).await.unwrap().unwrap();
     let registered = registered.unwrap();
     assert_eq!(registered.node_id, "n1");
 
@@ -56,13 +56,13 @@ async fn registers_once_the_router_is_up_heartbeats_and_registers_again_when_for
     assert_eq!(reg.version, env!("CARGO_PKG_VERSION"));
 
     let running = tokio::spawn(async move { agent.run(registered).await });
-    wait_until(10, "n1 sends heartbeats", || heartbeats_from(&router, "n1") >= 2).await;
+    wait_until(60, "n1 sends heartbeats", || heartbeats_from(&router, "n1") >= 2).await;
     let (_, hb) = router.last_heartbeat().unwrap();
     assert_eq!((hb.load.active_requests, hb.load.queue_depth, hb.load.memory_used_bytes), (0, 0, 0));
 
     // The router restarts and forgets the node: 404 on the heartbeat, so it registers again.
     router.forget_nodes();
-    wait_until(10, "the node registers again and heartbeats as n2", || heartbeats_from(&router, "n2") >= 2).await;
+    wait_until(60, "the node registers again and heartbeats as n2", || heartbeats_from(&router, "n2") >= 2).await;
     assert_eq!(router.state.lock().unwrap().registrations.len(), 2);
     assert!(!running.is_finished(), "the agent keeps running");
     running.abort();
@@ -76,7 +76,7 @@ async fn a_refused_token_ends_registration_with_a_clear_error() {
     for (token, status, hint) in [("wrong", 401, "check --token"), (USER_TOKEN, 403, "the `node` scope")] {
         let agent =
             Agent::new(agent_config(&router.url, token, &tmp.path().join("store")), node.models().clone()).unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(5), agent.register()).await.unwrap().unwrap_err();
+        let err = tokio::time::timeout(Duration::from_secs(60), agent.register()).await.unwrap().unwrap_err();
         assert!(matches!(err, AgentError::Refused { status: s, .. } if s == status), "{err}");
         let text = err.to_string();
         assert!(text.contains(hint) && text.contains(&router.url), "{text}");
@@ -164,7 +164,7 @@ async fn syncs_the_routers_models_and_reports_each_ones_readiness() {
             s.len() == 9 && s.values().all(|(state, ..)| *state != ModelState::Downloading)
         })
     };
-    wait_until(20, "every model is settled", || settled(&router)).await;
+    wait_until(60, "every model is settled", || settled(&router)).await;
 
     let s = states(&router.last_heartbeat().unwrap().1);
     let state = |name: &str| s[name].0;
@@ -213,7 +213,7 @@ async fn syncs_the_routers_models_and_reports_each_ones_readiness() {
     assert_eq!(ids, ["direct", "local-echo", "org/echo", "shared"]);
     // (The echo engine reports no chat capability, so the model is loaded directly.)
     catalog.get("org/echo").await.unwrap();
-    wait_until(10, "the heartbeat shows the model loaded", || {
+    wait_until(60, "the heartbeat shows the model loaded", || {
         router.last_heartbeat().is_some_and(|(_, hb)| states(&hb)["org/echo"].2 && hb.load.memory_used_bytes > 0)
     })
     .await;
@@ -223,7 +223,7 @@ async fn syncs_the_routers_models_and_reports_each_ones_readiness() {
     let mut next: Vec<ModelManifest> = models.into_iter().filter(|m| m.name != "org/echo").collect();
     next.iter_mut().find(|m| m.name == "corrupt").unwrap().files = vec![echo_file];
     router.set_models(next);
-    wait_until(20, "the deletion and the fix are reported", || {
+    wait_until(60, "the deletion and the fix are reported", || {
         router.last_heartbeat().is_some_and(|(_, hb)| {
             let s = states(&hb);
             !s.contains_key("org/echo") && s["corrupt"].0 == ModelState::Ready
