@@ -170,7 +170,7 @@ fn start(
     let finished = Arc::new(AtomicBool::new(false));
     let guard = CancelOnDrop { model: model.clone(), request_id, finished: finished.clone() };
     let engine_model = model.clone();
-    // The request's span (its id, model, engine), so the engine thread's logs name the request.
+    // The request's span (its id, model, engine), so what is logged on the engine thread is in it.
     let span = tracing::Span::current();
     tokio::task::spawn_blocking(move || {
         let _span = span.enter();
@@ -239,10 +239,8 @@ fn start(
                     cached_tokens: r.cached_tokens,
                 })
             }
-            Err(e) => {
-                tracing::warn!(model = %model.name, "generation failed: {e}");
-                Err(NodeError::Engine(e))
-            }
+            // Logged with the request's id where it is answered (`pipeline::count_error`).
+            Err(e) => Err(NodeError::Engine(e)),
         };
         let _ = tx.send(GenEvent::Done(done));
     });

@@ -167,11 +167,16 @@ pub enum ToolChoice {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: Role,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<MessageContent>,
     /// The model's reasoning for an earlier assistant turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<WireToolCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 

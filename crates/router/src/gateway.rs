@@ -10,8 +10,8 @@
 //!
 //! Every attempt sends the request's id (`x-request-id`) to the node, the same on retries, so the
 //! node's log of the request names the id the client got back. The request's span gets `model`
-//! and `node`, so what is logged while the handler runs names them; a cut stream is noticed
-//! outside the span (the body is polled after the handler returned) and names them itself.
+//! and `node`; the warnings logged here (a retry, a stream cut after the handler returned) name
+//! `request_id`, `model` and `node` themselves, since the span is at INFO and off by default.
 
 use crate::balance::{self, affinity_key};
 use crate::metrics as m;
@@ -183,7 +183,7 @@ async fn proxy(
                 last = Some(Ok(reply));
             }
             Attempt::Retry { error, reason, reply } => {
-                tracing::warn!(attempt, "{reason}: {}", error.message);
+                tracing::warn!(request_id = %req.id, node = %node.name, model = %routed.model, attempt, "{reason}: {}", error.message);
                 metrics::counter!(m::RETRIES, "node" => node.name.clone(), "reason" => reason).increment(1);
                 failures += 1;
                 last = Some(reply.ok_or(error));

@@ -68,7 +68,7 @@ impl Router {
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(s.config.body_limit))
             // Outermost, so every answer (fallbacks and auth refusals too) carries `x-request-id`.
-            .layer(middleware::from_fn(request_id::layer))
+            .layer(request_id::RequestIdLayer)
             .with_state(s)
     }
 

@@ -15,6 +15,7 @@ use llmr_openai::{
     ChunkChoice, Delta, FinishReason, Logprobs, ResponseMessage, Role, ToolCallChunk, Usage, WireFunctionCall,
     WireToolCall,
 };
+use llmr_telemetry::RequestId;
 use llmr_tool_calls::{ParsedCall, StreamEvent, StreamParser};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -23,9 +24,9 @@ const ENDPOINT: &str = "chat";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    pipeline::respond(ENDPOINT, async {
+    pipeline::respond(ENDPOINT, &id, async {
         let req = parse_json::<ChatCompletionRequest>(body, state.body_limit)?.validate()?;
         let generation = GenerationRequest {
             endpoint: ENDPOINT,
@@ -35,7 +36,7 @@ pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesR
             prompt_param: "messages",
             arrived,
         };
-        pipeline::generate(&state, generation, |model| {
+        pipeline::generate(&state, &id, generation, |model| {
             let (prompt, tools) = render_chat(model, &req)?;
             let encoder = ChatEncoder {
                 id: new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),

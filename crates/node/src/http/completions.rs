@@ -13,6 +13,7 @@ use llmr_openai::{
     new_id, sse as wire, unix_now, ApiError, CompletionRequest, FinishReason, TextChoice, TextCompletion, TextLogprobs,
     Usage,
 };
+use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -20,9 +21,9 @@ const ENDPOINT: &str = "completions";
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
-    pipeline::respond(ENDPOINT, async {
+    pipeline::respond(ENDPOINT, &id, async {
         let req = parse_json::<CompletionRequest>(body, state.body_limit)?.validate()?;
         let generation = GenerationRequest {
             endpoint: ENDPOINT,
@@ -32,7 +33,7 @@ pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesR
             prompt_param: "prompt",
             arrived,
         };
-        pipeline::generate(&state, generation, |model| {
+        pipeline::generate(&state, &id, generation, |model| {
             model.require(Capability::Text)?;
             let echo = if req.echo { req.prompt.clone() } else { String::new() };
             let encoder = CompletionEncoder {

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use llmr_engine_host::Capability;
 use llmr_openai::{ApiError, EmbeddingList, EmbeddingObject, EmbeddingRequest, EmbeddingUsage, EmbeddingValue};
+use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const ENDPOINT: &str = "embeddings";
@@ -18,8 +19,8 @@ const ENDPOINT: &str = "embeddings";
 /// Embedding request ids live in their own range so they never collide with generations'.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 62);
 
-pub async fn handle(State(state): State<SharedState>, body: Result<Bytes, BytesRejection>) -> Response {
-    pipeline::respond(ENDPOINT, async {
+pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    pipeline::respond(ENDPOINT, &id, async {
         let req = parse_json::<EmbeddingRequest>(body, state.body_limit)?.validate()?;
         let model = state.models.get(&req.model).await?;
         record_model(&model);

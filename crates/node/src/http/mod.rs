@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use llmr_openai::ApiError;
+use llmr_telemetry::RequestId;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
@@ -63,7 +64,8 @@ async fn require_api_key(State(state): State<SharedState>, req: Request, next: N
             |g: &str| state.api_keys.iter().fold(false, |ok, k| constant_time_eq(g.as_bytes(), k.as_bytes()) | ok);
         if !given.is_some_and(known) {
             let e = ApiError::unauthorized();
-            pipeline::count_error("auth", &e);
+            let id = req.extensions().get::<RequestId>().cloned().unwrap_or_default();
+            pipeline::count_error("auth", &id, &e);
             return e.into_response();
         }
     }
@@ -97,6 +99,6 @@ pub fn router(state: SharedState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.body_limit))
-        .layer(middleware::from_fn(llmr_telemetry::request_id::layer))
+        .layer(llmr_telemetry::request_id::RequestIdLayer)
         .with_state(state)
 }

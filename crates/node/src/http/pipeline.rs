@@ -16,6 +16,7 @@ use crate::models::LoadedModel;
 use axum::response::{IntoResponse, Response};
 use llmr_engine_host::Sampling;
 use llmr_openai::{ApiError, SamplingBounds};
+use llmr_telemetry::RequestId;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
@@ -48,23 +49,27 @@ pub struct GenerationRequest {
 }
 
 /// Runs a handler's work and answers. An error is counted by endpoint and status, and logged
-/// (in the request's span, so with its id) when it is the server's fault.
-pub async fn respond(endpoint: &'static str, work: impl Future<Output = Result<Response, ApiError>>) -> Response {
+/// with the request's id when it is the server's fault.
+pub async fn respond(
+    endpoint: &'static str,
+    id: &RequestId,
+    work: impl Future<Output = Result<Response, ApiError>>,
+) -> Response {
     match work.await {
         Ok(resp) => resp,
         Err(e) => {
-            count_error(endpoint, &e);
+            count_error(endpoint, id, &e);
             e.into_response()
         }
     }
 }
 
-pub fn count_error(endpoint: &'static str, e: &ApiError) {
+pub fn count_error(endpoint: &'static str, id: &RequestId, e: &ApiError) {
     metrics::counter!(m::ERRORS, "endpoint" => endpoint, "status" => e.status.to_string()).increment(1);
     if e.status >= 500 {
-        tracing::warn!(status = e.status, "{}", e.message);
+        tracing::warn!(request_id = %id, status = e.status, "{}", e.message);
     } else {
-        tracing::debug!(status = e.status, "{}", e.message);
+        tracing::debug!(request_id = %id, status = e.status, "{}", e.message);
     }
 }
 
@@ -77,7 +82,12 @@ pub fn record_model(model: &LoadedModel) {
 
 /// Generates the answer to `req`. `prepare` turns the loaded model into the prompt and the
 /// encoder (rendering a chat template, checking what the model can do).
-pub async fn generate<E, F>(state: &SharedState, req: GenerationRequest, prepare: F) -> Result<Response, ApiError>
+pub async fn generate<E, F>(
+    state: &SharedState,
+    id: &RequestId,
+    req: GenerationRequest,
+    prepare: F,
+) -> Result<Response, ApiError>
 where
     E: Encoder,
     F: FnOnce(&Arc<LoadedModel>) -> Result<(Prompt, E), ApiError>,
@@ -98,22 +108,28 @@ where
     let input = GenerationInput { prompt, sampling: req.sampling, endpoint: req.endpoint, arrived: req.arrived };
     let gen = generation::begin(&model, &state.cache, input).await?;
     if req.stream {
-        stream(gen, encoder, req.endpoint).await
+        stream(gen, encoder, req.endpoint, id.clone()).await
     } else {
         Ok(encoder.complete(generation::collect(gen).await?))
     }
 }
 
-async fn stream<E: Encoder>(mut gen: Generation, mut encoder: E, endpoint: &'static str) -> Result<Response, ApiError> {
+async fn stream<E: Encoder>(
+    mut gen: Generation,
+    mut encoder: E,
+    endpoint: &'static str,
+    id: RequestId,
+) -> Result<Response, ApiError> {
     let first = gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
     if let GenEvent::Done(Err(e)) = first {
         return Err(e.into());
     }
     let mut out = Vec::new();
     encoder.open(&mut out);
-    // The body is polled after the handler returned: the pump keeps the request's span for its logs.
+    // The body is polled after the handler returned: the pump keeps the request's id and span for
+    // what it logs.
     let span = tracing::Span::current();
-    let mut pump = Pump { gen, encoder, endpoint, span, pending: out.into(), done: false };
+    let mut pump = Pump { gen, encoder, endpoint, id, span, pending: out.into(), done: false };
     pump.on(first);
     let events = futures_util::stream::unfold(pump, |mut pump| async move {
         loop {
@@ -137,6 +153,7 @@ struct Pump<E> {
     gen: Generation,
     encoder: E,
     endpoint: &'static str,
+    id: RequestId,
     span: tracing::Span,
     pending: VecDeque<String>,
     done: bool,
@@ -154,7 +171,7 @@ impl<E: Encoder> Pump<E> {
             }
             GenEvent::Done(Err(e)) => {
                 let e = ApiError::from(e);
-                count_error(self.endpoint, &e);
+                count_error(self.endpoint, &self.id, &e);
                 self.encoder.fail(&e, &mut out);
                 self.done = true;
             }
