@@ -6,23 +6,7 @@ use std::process::Command;
 
 pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
-/// The cargo target profile dir holding this test binary (target/debug).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-/// The echo plugin built by `cargo build` (scripts/test builds it before running tests).
-pub fn echo_library() -> PathBuf {
-    let lib =
-        profile_dir().join(format!("{}llmr_echo_engine{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX));
-    assert!(
-        lib.is_file(),
-        "{} is missing: run `cargo build -p llmr-echo-engine` before the tests (scripts/test does)",
-        lib.display()
-    );
-    lib
-}
+pub use llmr_testkit::echo_library;
 
 /// Writes `engines/<id>/<backend>/` under `root` with `manifest` and a copy of `library` named
 /// as the manifest's `binary` says (when that name is a plain file name).
@@ -40,8 +24,7 @@ pub fn install(root: &Path, id: &str, backend: &str, manifest: &serde_json::Valu
 
 /// The echo plugin's committed manifest, with edits applied.
 pub fn echo_manifest(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::Value {
-    let text = std::fs::read_to_string(format!("{REPO}/engines/echo/cpu/manifest.json")).unwrap();
-    let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut m = llmr_testkit::echo_manifest();
     edit(&mut m);
     m
 }

@@ -334,23 +334,8 @@ mod tests {
 mod fetch_tests {
     use super::*;
     use llmr_hub_mirror::HubMirror;
+    use llmr_testkit::gguf_with_architecture as gguf;
     use std::fs;
-
-    /// A GGUF with only `general.architecture`, followed by `data` bytes of filler.
-    pub(crate) fn gguf(arch: &str, data: usize) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend(0u64.to_le_bytes());
-        out.extend(1u64.to_le_bytes());
-        let key = "general.architecture";
-        out.extend((key.len() as u64).to_le_bytes());
-        out.extend(key.as_bytes());
-        out.extend(8u32.to_le_bytes());
-        out.extend((arch.len() as u64).to_le_bytes());
-        out.extend(arch.as_bytes());
-        out.resize(out.len().div_ceil(32) * 32 + data, 0x5a);
-        out
-    }
 
     struct Fixture {
         _tmp: tempfile::TempDir,

@@ -33,7 +33,7 @@ fn heartbeats_from(router: &FakeRouter, id: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_once_the_router_is_up_heartbeats_and_registers_again_when_forgotten() {
     let tmp = tempfile::tempdir().unwrap();
-    let node = node(&echo_engines(&tmp.path().join("engines")), vec![SECRET.into()]);
+    let node = node(&echo_engines(&tmp.path().join("engines"), 0), vec![SECRET.into()]);
     // The router starts after the node: registration is retried until it answers.
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let config = agent_config(&format!("http://{addr}"), NODE_TOKEN, &tmp.path().join("store"));
@@ -71,7 +71,7 @@ async fn registers_once_the_router_is_up_heartbeats_and_registers_again_when_for
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_token_ends_registration_with_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let node = node(&echo_engines(&tmp.path().join("engines")), vec![]);
+    let node = node(&echo_engines(&tmp.path().join("engines"), 0), vec![]);
     let router = FakeRouter::start().await;
     for (token, status, hint) in [("wrong", 401, "check --token"), (USER_TOKEN, 403, "the `node` scope")] {
         let agent =
@@ -153,7 +153,7 @@ async fn syncs_the_routers_models_and_reports_each_ones_readiness() {
     let router = FakeRouter::start().await;
     router.set_models(models.clone());
 
-    let node = node(&echo_engines(&tmp.path().join("engines")), vec![SECRET.into()]);
+    let node = node(&echo_engines(&tmp.path().join("engines"), 0), vec![SECRET.into()]);
     let catalog = node.models().clone();
     let agent = Agent::new(agent_config(&router.url, NODE_TOKEN, &store), catalog.clone()).unwrap();
     let registered = agent.register().await.unwrap();

@@ -2,7 +2,7 @@
 //! `tower::ServiceExt::oneshot` (no listener), over the real echo plugin (which echoes the
 //! prompt word by word, so answers are known exactly).
 
-use crate::support::{echo_engines_with_delay, gguf, wait_until};
+use crate::support::{echo_engines, gguf, wait_until};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use axum::response::Response;
@@ -23,7 +23,7 @@ struct TestNode {
 /// A node serving one echo model named `name`; `delay_ms` between generated tokens.
 fn node_with(name: &str, delay_ms: u64, config: impl FnOnce(&mut NodeConfig)) -> TestNode {
     let dir = tempfile::tempdir().unwrap();
-    let engines = echo_engines_with_delay(&dir.path().join("engines"), delay_ms);
+    let engines = echo_engines(&dir.path().join("engines"), delay_ms);
     let model = dir.path().join(format!("{name}.gguf"));
     std::fs::write(&model, gguf("echo", 64)).unwrap();
     let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();

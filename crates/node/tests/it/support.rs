@@ -7,43 +7,11 @@ use axum::routing::{get, post};
 use axum::Json;
 use llmr_cluster::{Heartbeat, HeartbeatAck, ModelManifest, NodeRegistered, NodeRegistration};
 use llmr_node::{Node, NodeConfig};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-
-/// The echo plugin built by `cargo build -p llmr-echo-engine` (or installed in `engines/`).
-fn echo_library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().unwrap().parent().unwrap();
-    let name = format!("{}llmr_echo_engine{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
-    let installed = Path::new(REPO).join("engines/echo/cpu").join(&name);
-    [profile.join(&name), installed].into_iter().find(|p| p.is_file()).expect(
-        "the echo plugin is missing: run `cargo build -p llmr-echo-engine` before the tests (scripts/test does)",
-    )
-}
-
-/// An engines folder holding the echo plugin, declared as a `LlamaCpp` runtime so that it runs
-/// GGUF models of architecture `echo` from the store (and nothing else).
-pub fn echo_engines(root: &Path) -> PathBuf {
-    echo_engines_with_delay(root, 0)
-}
-
-/// [`echo_engines`] with `delay_ms` between generated tokens (the manifest's `token_delay_ms`).
-pub fn echo_engines_with_delay(root: &Path, delay_ms: u64) -> PathBuf {
-    let dir = root.join("echo").join("cpu");
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = std::fs::read_to_string(Path::new(REPO).join("engines/echo/cpu/manifest.json")).unwrap();
-    let mut manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
-    manifest["runtimes"] = serde_json::json!(["LlamaCpp"]);
-    manifest["parameters"]["token_delay_ms"] = serde_json::json!(delay_ms);
-    manifest.as_object_mut().unwrap().remove("$schema");
-    std::fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
-    let lib = echo_library();
-    std::fs::copy(&lib, dir.join(lib.file_name().unwrap())).unwrap();
-    root.to_path_buf()
-}
+pub use llmr_testkit::{echo_engines, gguf_with_architecture as gguf};
 
 pub fn node(engines: &Path, api_keys: Vec<String>) -> Node {
     Node::new(NodeConfig {
@@ -53,22 +21,6 @@ pub fn node(engines: &Path, api_keys: Vec<String>) -> Node {
         ..NodeConfig::default()
     })
     .unwrap()
-}
-
-/// A GGUF with only `general.architecture`, followed by `data` bytes of filler.
-pub fn gguf(arch: &str, data: usize) -> Vec<u8> {
-    let mut out = b"GGUF".to_vec();
-    out.extend(3u32.to_le_bytes());
-    out.extend(0u64.to_le_bytes());
-    out.extend(1u64.to_le_bytes());
-    let key = "general.architecture";
-    out.extend((key.len() as u64).to_le_bytes());
-    out.extend(key.as_bytes());
-    out.extend(8u32.to_le_bytes());
-    out.extend((arch.len() as u64).to_le_bytes());
-    out.extend(arch.as_bytes());
-    out.resize(out.len().div_ceil(32) * 32 + data, 0x5a);
-    out
 }
 
 /// Polls `check` until it holds, or panics after `secs` seconds with `what`.
