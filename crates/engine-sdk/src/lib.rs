@@ -21,6 +21,7 @@ mod error;
 pub mod ffi;
 pub mod text;
 mod types;
+pub mod worker;
 
 pub use error::{EngineError, ErrorCode};
 pub use llmr_engine_abi as abi;

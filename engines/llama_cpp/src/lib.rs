@@ -8,28 +8,24 @@
 mod backend;
 mod embed;
 mod model;
-mod pacing;
-mod prefix_store;
 mod sampling;
 mod scheduler;
 mod settings;
-mod temperature;
 
 use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;
+use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
     abi, export_engine, serde_json, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
-    EngineError, EngineInfo, ErrorCode, FinishReason, InferOutcome, InferRequest, ModelDesc, ModelInfo, Token,
-    TokenSink, TopLogprob,
+    EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
 use model::ModelMeta;
-use scheduler::{Command, Event, Job, Stats};
+use scheduler::{Command, Job, Stats};
 use settings::{Change, ContextSettings, KvType, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// Default slots when the host does not say.
@@ -39,69 +35,18 @@ const DEFAULT_SLOTS: u32 = 4;
 const DEFAULT_CTX_CAP: u32 = 8192;
 const DEFAULT_PREFILL_CHUNK: u32 = 256;
 /// A step that reads prompt tokens takes at most about this many times a generating-only step
-/// (`pacing.rs`). Measured on 2 cores (bench/RESULTS.md): streams slowed ~4x instead of ~44x
-/// while a 2,000-token prompt was read, and that prompt's first token came 2x later.
+/// (`llmr_sampling::Pacer`). Measured on 2 cores (bench/RESULTS.md): streams slowed ~4x instead
+/// of ~44x while a 2,000-token prompt was read, and that prompt's first token came 2x later.
 const DEFAULT_PREFILL_STALL: f64 = 4.0;
-/// Host memory per model for saved prefixes (`prefix_store.rs`): hundreds of prompts of a small
-/// model, a handful of 1,000-token ones of an 8B (about 128 KiB a token with f16 keys and values).
+/// Host memory per model for saved prefixes (`llmr_sampling::PrefixStore`): hundreds of prompts
+/// of a small model, a handful of 1,000-token ones of an 8B (about 128 KiB a token with f16 keys
+/// and values).
 const DEFAULT_PREFIX_CACHE_MIB: u32 = 512;
 
 /// Monotonic nanoseconds since the plugin first needed a clock.
 pub(crate) fn clock_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// A thread owning a context, fed through a channel; stopped and joined on drop.
-struct Worker<C> {
-    tx: Sender<C>,
-    thread: Option<JoinHandle<()>>,
-    stop: Option<C>,
-}
-
-impl<C> Worker<C> {
-    fn send(&self, cmd: C) -> Result<(), EngineError> {
-        self.tx.send(cmd).map_err(|_| EngineError::internal("the model's worker thread has stopped"))
-    }
-}
-
-impl<C> Drop for Worker<C> {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = self.tx.send(stop);
-        }
-        // Closing the channel ends a worker with no stop command (the embedder).
-        let (dead, _) = mpsc::channel();
-        drop(std::mem::replace(&mut self.tx, dead));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Starts a worker thread running `body` and waits until it reports whether it could start.
-fn spawn_worker<C: Send + 'static>(
-    name: String,
-    stop: Option<C>,
-    body: impl FnOnce(mpsc::Receiver<C>, Sender<Result<(), EngineError>>) + Send + 'static,
-) -> Result<Worker<C>, EngineError> {
-    let (tx, rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let thread = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || body(rx, ready_tx))
-        .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start a worker thread: {e}")))?;
-    match ready_rx.recv() {
-        Ok(Ok(())) => Ok(Worker { tx, thread: Some(thread), stop }),
-        Ok(Err(e)) => {
-            let _ = thread.join();
-            Err(e)
-        }
-        Err(_) => {
-            let _ = thread.join();
-            Err(EngineError::internal("the worker thread stopped while starting"))
-        }
-    }
 }
 
 struct LoadedModel {
@@ -207,30 +152,7 @@ impl LlamaCppEngine {
             let worker = scheduler.as_ref().ok_or_else(|| EngineError::model_not_loaded(req.model_id))?;
             worker.send(Command::Infer(job))?;
         }
-        let mut stopped_by_host = false;
-        loop {
-            match rx.recv() {
-                Ok(Event::Token(t)) if !stopped_by_host => {
-                    let top: Vec<TopLogprob<'_>> =
-                        t.top.iter().map(|(id, lp, text)| TopLogprob { token_id: *id, logprob: *lp, text }).collect();
-                    let token =
-                        Token { token_id: t.id, text: &t.text, logprob: t.logprob, top: &top, timestamp_ns: t.t_ns };
-                    if !sink.emit(&token) {
-                        stopped_by_host = true;
-                        cancel.store(true, Ordering::SeqCst);
-                    }
-                }
-                Ok(Event::Token(_)) => {}
-                Ok(Event::Done(mut outcome)) => {
-                    if stopped_by_host {
-                        outcome.finish_reason = FinishReason::Cancelled;
-                    }
-                    return Ok(outcome);
-                }
-                Ok(Event::Failed(e)) => return Err(e),
-                Err(_) => return Err(EngineError::internal("the model's scheduler stopped mid-request")),
-            }
-        }
+        relay(rx, sink, &cancel)
     }
 }
 

@@ -2,15 +2,13 @@
 //!
 //! Every step builds one batch from (a) the last sampled token of every generating sequence and
 //! (b) prompt tokens of sequences still reading their prompt (at most `prefill_chunk`, fewer while
-//! others generate: `pacing.rs`), decodes it once, and samples for every sequence that produced
-//! logits. New requests join between steps.
+//! others generate: `llmr_sampling::Pacer`), decodes it once, and samples for every sequence that
+//! produced logits. New requests join between steps.
 //! The KV cache is unified: a new request starts from the longest token prefix any slot holds,
 //! copied by reference (`seq_cp`), or that host memory saved from an idle slot (`prefixes.rs`),
 //! so shared system prompts are processed once.
 
-use crate::pacing::Pacer;
-use crate::prefix_store::{common_prefix, PrefixStore};
-use crate::sampling::{logprobs, TokenSampler};
+use crate::sampling::TokenSampler;
 use crate::settings::{Change, ContextSettings, StepSettings};
 use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -21,8 +19,10 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
+use llmr_engine_sdk::worker::{Event, TokenEvent};
 use llmr_engine_sdk::Sampling;
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, InferOutcome, Logger};
+use llmr_sampling::{common_prefix, logprobs, Pacer, PrefixStore};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,20 +42,6 @@ pub struct Job {
     pub ignore_eos: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
-}
-
-pub struct TokenEvent {
-    pub id: i32,
-    pub text: String,
-    pub logprob: f32,
-    pub top: Vec<(i32, f32, String)>,
-    pub t_ns: u64,
-}
-
-pub enum Event {
-    Token(TokenEvent),
-    Done(InferOutcome),
-    Failed(EngineError),
 }
 
 pub enum Command {
@@ -131,7 +117,7 @@ pub struct Scheduler<'m> {
     logger: Logger,
     steps: u64,
     pacer: Pacer,
-    saved: PrefixStore<SeqState>,
+    saved: PrefixStore<LlamaToken, SeqState>,
 }
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
@@ -410,7 +396,8 @@ impl<'m> Scheduler<'m> {
             }
         }
         // Prompt chunks, oldest request first. A prompt that takes more than one chunk to read is
-        // paced while others generate (`pacing.rs`); a shorter one joins whole, as before.
+        // paced while others generate (`llmr_sampling::Pacer`); a shorter one joins whole, as
+        // before.
         let decoding = n as usize;
         let chunk = self.step.prefill_chunk as usize;
         let mut budget = chunk;

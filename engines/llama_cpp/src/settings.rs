@@ -21,10 +21,10 @@ pub struct StepSettings {
     /// sequences that are generating for more than one chunk.
     pub prefill_chunk: u32,
     /// While sequences are generating, a step that also reads prompt tokens may take this many
-    /// times a generating-only step (`pacing.rs`); infinite: whole chunks.
+    /// times a generating-only step (`llmr_sampling::Pacer`); infinite: whole chunks.
     pub prefill_stall: f64,
-    /// Host memory for saved prefixes (`prefix_store.rs`), in MiB; 0 keeps idle caches in the
-    /// KV cache instead.
+    /// Host memory for saved prefixes (`llmr_sampling::PrefixStore`), in MiB; 0 keeps idle
+    /// caches in the KV cache instead.
     pub prefix_cache_mib: u32,
 }
 

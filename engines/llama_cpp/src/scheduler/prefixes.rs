@@ -1,11 +1,11 @@
 //! Where a new request's prefix comes from, and where idle caches go: slots' caches shared by
-//! `seq_cp`, and the saved prefixes of `prefix_store.rs` (copied out when a request is admitted,
-//! copied back by `state_seq_set`).
+//! `seq_cp`, and the saved prefixes of `llmr_sampling::PrefixStore` (copied out when a request
+//! is admitted, copied back by `state_seq_set`).
 
 use super::Scheduler;
-use crate::prefix_store::common_prefix;
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::token::LlamaToken;
+use llmr_sampling::common_prefix;
 use std::sync::atomic::Ordering;
 
 /// Idle caches shorter than this are dropped, not saved: reading them again costs little.

@@ -139,6 +139,10 @@ fn weigh(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scratch: &mut Scr
 
 /// The same compiled for AVX2 + FMA, used when the CPU has them (the crate is built for the
 /// x86-64 baseline, where the loops get 4 lanes instead of 8).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (`is_x86_feature_detected!`): the body is compiled to use
+/// them, and running it elsewhere is an illegal instruction. Nothing else is unsafe in it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn weigh_avx2(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scratch: &mut Scratch) -> f32 {
@@ -173,7 +177,8 @@ impl TemperatureSampler {
         let (scale, gap, top_p) = (self.inv_temperature, self.min_logit_gap, self.top_p);
         #[cfg(target_arch = "x86_64")]
         let total = if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has the features the function was compiled for.
+            // SAFETY: `weigh_avx2` only requires the CPU to have AVX2 and FMA, checked just above;
+            // its arguments are ordinary references, as for `weigh`.
             unsafe { weigh_avx2(logits, scale, gap, top_p, &mut self.scratch) }
         } else {
             weigh(logits, scale, gap, top_p, &mut self.scratch)

@@ -6,25 +6,27 @@
 //! (measured in bench/RESULTS.md, cause A). The scheduler therefore moves idle caches here and
 //! clears them from the KV cache when a new request is admitted; a later request sharing a prefix
 //! gets it back with one state copy instead of a prefill.
+//!
+//! Generic over the token type `T` (the llama.cpp plugin keeps `LlamaToken`s, an engine of its
+//! own plain `u32` ids) and the saved state `S`, so it knows nothing of any engine.
 
-use llama_cpp_2::token::LlamaToken;
-
-struct Entry<S> {
-    tokens: Vec<LlamaToken>,
+struct Entry<T, S> {
+    tokens: Vec<T>,
     state: S,
     bytes: usize,
     used: u64,
 }
 
-/// `S` is the saved state (llama.cpp's `SeqState`; anything in the unit tests).
-pub struct PrefixStore<S> {
-    entries: Vec<Entry<S>>,
+/// Token sequences of type `T` with their saved state `S` (llama.cpp's `SeqState` in the
+/// llama.cpp plugin; anything in the unit tests).
+pub struct PrefixStore<T, S> {
+    entries: Vec<Entry<T, S>>,
     bytes: usize,
     budget: usize,
     clock: u64,
 }
 
-impl<S> PrefixStore<S> {
+impl<T: Eq, S> PrefixStore<T, S> {
     pub fn new(budget: usize) -> Self {
         PrefixStore { entries: Vec::new(), bytes: 0, budget, clock: 0 }
     }
@@ -47,13 +49,17 @@ impl<S> PrefixStore<S> {
         self.entries.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     pub fn clear(&mut self) {
         self.entries.clear();
         self.bytes = 0;
     }
 
     /// The entry sharing the longest leading run of tokens with `tokens`: (entry, length).
-    pub fn best(&self, tokens: &[LlamaToken]) -> Option<(usize, usize)> {
+    pub fn best(&self, tokens: &[T]) -> Option<(usize, usize)> {
         self.entries
             .iter()
             .enumerate()
@@ -68,7 +74,7 @@ impl<S> PrefixStore<S> {
     }
 
     /// Entry `i`'s tokens and state, marked as just used.
-    pub fn get(&mut self, i: usize) -> (&[LlamaToken], &S) {
+    pub fn get(&mut self, i: usize) -> (&[T], &S) {
         self.clock += 1;
         let e = &mut self.entries[i];
         e.used = self.clock;
@@ -76,14 +82,14 @@ impl<S> PrefixStore<S> {
     }
 
     /// Whether saving `tokens` would add nothing: an entry holds them or a sequence they begin.
-    pub fn covers(&self, tokens: &[LlamaToken]) -> bool {
+    pub fn covers(&self, tokens: &[T]) -> bool {
         self.entries.iter().any(|e| e.tokens.starts_with(tokens))
     }
 
     /// Saves a state of `bytes` bytes for `tokens`. Entries that are a prefix of `tokens` go (the
     /// new state holds them too); then the least recently used until it fits. A state larger than
     /// the whole budget is not kept. Returns whether it was kept.
-    pub fn insert(&mut self, tokens: Vec<LlamaToken>, state: S, bytes: usize) -> bool {
+    pub fn insert(&mut self, tokens: Vec<T>, state: S, bytes: usize) -> bool {
         if bytes > self.budget {
             return false;
         }
@@ -110,7 +116,8 @@ impl<S> PrefixStore<S> {
     }
 }
 
-pub fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
+/// How many leading tokens `a` and `b` share.
+pub fn common_prefix<T: PartialEq>(a: &[T], b: &[T]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -118,8 +125,12 @@ pub fn common_prefix(a: &[LlamaToken], b: &[LlamaToken]) -> usize {
 mod tests {
     use super::*;
 
-    fn toks(ids: &[i32]) -> Vec<LlamaToken> {
-        ids.iter().map(|&i| LlamaToken(i)).collect()
+    /// A token type like llama.cpp's (a wrapped `i32`), to show the store needs nothing more.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    struct Tok(i32);
+
+    fn toks(ids: &[i32]) -> Vec<Tok> {
+        ids.iter().map(|&i| Tok(i)).collect()
     }
 
     #[test]
