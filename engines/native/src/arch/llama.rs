@@ -1,0 +1,131 @@
+//! Llama-family decoders (`llama`, `qwen2`): pre-norm blocks of grouped-query attention with
+//! rotary positions and a SwiGLU MLP, RMS norms, optionally tied embeddings; qwen2 adds biases
+//! to the q/k/v projections.
+
+use super::{BatchToken, Scratch};
+use crate::attention::{attend, AttentionShape, QueryPos};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::config::ModelConfig;
+use crate::kernels::linear::Linear;
+use crate::kernels::ops::{add, rms_norm, silu_mul};
+use crate::kv_cache::{BlockTable, KvPool};
+use crate::rope::Rope;
+
+struct Layer {
+    input_norm: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+pub struct Llama {
+    config: ModelConfig,
+    embed: Linear,
+    /// `None`: tied to the embeddings.
+    lm_head: Option<Linear>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    rope: Rope,
+}
+
+fn linear(ck: &Checkpoint, name: &str, rows: usize, cols: usize, bias: bool) -> Result<Linear, CheckpointError> {
+    let w = ck.get(&format!("{name}.weight"), &[rows, cols])?;
+    let b = if bias { Some(ck.get(&format!("{name}.bias"), &[rows])?.to_f32()) } else { None };
+    Ok(Linear::new(w, b))
+}
+
+fn vector(ck: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>, CheckpointError> {
+    Ok(ck.get(name, &[len])?.to_f32())
+}
+
+impl Llama {
+    pub fn load(c: &ModelConfig, ck: &Checkpoint) -> Result<Self, CheckpointError> {
+        let (d, hd) = (c.hidden, c.head_dim);
+        let embed = linear(ck, "model.embed_tokens", c.vocab, d, false)?;
+        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, d, false)?) };
+        let layers = (0..c.layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Layer {
+                    input_norm: vector(ck, &format!("{p}.input_layernorm.weight"), d)?,
+                    q: linear(ck, &format!("{p}.self_attn.q_proj"), c.heads * hd, d, c.qkv_bias)?,
+                    k: linear(ck, &format!("{p}.self_attn.k_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
+                    v: linear(ck, &format!("{p}.self_attn.v_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
+                    o: linear(ck, &format!("{p}.self_attn.o_proj"), d, c.heads * hd, c.o_bias)?,
+                    post_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
+                    gate: linear(ck, &format!("{p}.mlp.gate_proj"), c.intermediate, d, c.mlp_bias)?,
+                    up: linear(ck, &format!("{p}.mlp.up_proj"), c.intermediate, d, c.mlp_bias)?,
+                    down: linear(ck, &format!("{p}.mlp.down_proj"), d, c.intermediate, c.mlp_bias)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
+        Ok(Llama {
+            embed,
+            lm_head,
+            layers,
+            norm: vector(ck, "model.norm.weight", d)?,
+            rope: Rope::new(hd, c.rope_theta, &c.rope_scaling),
+            config: c.clone(),
+        })
+    }
+
+    pub fn forward(
+        &self,
+        pool: &mut KvPool,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        s: &mut Scratch,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (n, d, hd) = (batch.len(), c.hidden, c.head_dim);
+        s.x.clear();
+        s.x.resize(n * d, 0.0);
+        for (t, b) in batch.iter().enumerate() {
+            self.embed.row(b.token as usize, &mut s.x[t * d..(t + 1) * d]);
+        }
+        let shape =
+            AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        for (li, l) in self.layers.iter().enumerate() {
+            rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
+            l.q.forward(&s.h, n, &mut s.q);
+            l.k.forward(&s.h, n, &mut s.k);
+            l.v.forward(&s.h, n, &mut s.v);
+            let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
+            for (t, b) in batch.iter().enumerate() {
+                self.rope.apply(&mut s.q[t * qw..(t + 1) * qw], hd, b.pos);
+                self.rope.apply(&mut s.k[t * kw..(t + 1) * kw], hd, b.pos);
+                pool.write(tables[b.seq], li, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
+            }
+            let queries: Vec<QueryPos<'_>> =
+                batch.iter().map(|b| QueryPos { table: tables[b.seq], pos: b.pos }).collect();
+            s.attn.clear();
+            s.attn.resize(n * qw, 0.0);
+            attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
+            l.o.forward(&s.attn, n, &mut s.o);
+            add(&mut s.x, &s.o);
+            rms_norm(&s.x, &l.post_norm, c.rms_eps, &mut s.h);
+            l.gate.forward(&s.h, n, &mut s.gate);
+            l.up.forward(&s.h, n, &mut s.up);
+            silu_mul(&mut s.gate, &s.up);
+            l.down.forward(&s.gate, n, &mut s.o);
+            add(&mut s.x, &s.o);
+        }
+        // Only the rows whose logits are wanted go through the final norm and the vocabulary.
+        s.last.clear();
+        for (t, b) in batch.iter().enumerate() {
+            if b.logits {
+                s.last.extend_from_slice(&s.x[t * d..(t + 1) * d]);
+            }
+        }
+        let rows = s.last.len() / d;
+        rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);
+        let mut logits = Vec::new();
+        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);
+        logits
+    }
+}

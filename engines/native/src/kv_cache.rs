@@ -1,0 +1,321 @@
+//! The KV cache in blocks: fixed-size token blocks from one pool, a block table per sequence,
+//! and full blocks shared between sequences whose token prefixes are equal.
+//!
+//! - A block holds `BLOCK_TOKENS` positions of every layer; each (block, layer) has its own
+//!   storage (`LayerBlock`), so a later stage can keep some blocks or layers at another precision
+//!   or evict them without touching the rest. Today every block is stored in f16 (level L0).
+//! - Only full blocks are shared, and a full block is never written again, so sharing needs no
+//!   copy-on-write: a sequence appends only to its own last, partial block.
+//! - A full block is indexed by a hash of every token up to its end (the hash of the previous
+//!   block's key and this block's tokens). A new request walks its prompt's full blocks through
+//!   the index and starts computing after the last one found. Blocks no sequence uses stay in
+//!   the index, least recently released first to be reused, until the pool needs them.
+
+use half::f16;
+use std::collections::{HashMap, VecDeque};
+
+/// Tokens per block.
+pub const BLOCK_TOKENS: usize = 16;
+
+pub type BlockId = u32;
+
+/// One layer's keys and values for one block: `[kv_heads][BLOCK_TOKENS][head_dim]` each.
+pub enum LayerBlock {
+    F16 { k: Box<[f16]>, v: Box<[f16]> },
+}
+
+struct Block {
+    layers: Vec<LayerBlock>,
+    refs: u32,
+    /// Its key in the prefix index, once full and registered.
+    key: Option<u64>,
+    /// The tokens it holds, once registered.
+    tokens: [u32; BLOCK_TOKENS],
+}
+
+/// Sizes of one model's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Shape {
+    fn layer_elems(&self) -> usize {
+        self.kv_heads * BLOCK_TOKENS * self.head_dim
+    }
+    /// Bytes one block takes (all layers, keys and values, f16).
+    pub fn block_bytes(&self) -> usize {
+        self.layers * 2 * self.layer_elems() * 2
+    }
+}
+
+/// A sequence's view of the pool: its blocks in order and how many positions it holds.
+#[derive(Default, Debug)]
+pub struct BlockTable {
+    pub blocks: Vec<BlockId>,
+    pub len: usize,
+    /// Index keys of this sequence's full blocks, in order (the chain of prefix hashes).
+    keys: Vec<u64>,
+}
+
+pub struct KvPool {
+    shape: Shape,
+    blocks: Vec<Block>,
+    capacity: usize,
+    free: Vec<BlockId>,
+    /// Released blocks still in the index, oldest release first.
+    idle: VecDeque<BlockId>,
+    index: HashMap<u64, BlockId>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the KV cache is full ({0} blocks)")]
+pub struct PoolFull(pub usize);
+
+fn chain(prev: u64, tokens: &[u32]) -> u64 {
+    // FNV-1a over the previous key and the tokens; a match is also checked against the tokens
+    // the block stores, so a 64-bit clash cannot hand a request another prompt's cache.
+    let mut h = prev ^ 0xcbf2_9ce4_8422_2325;
+    for t in tokens {
+        for b in t.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl KvPool {
+    /// A pool of at most `capacity` blocks, allocated as they are first used.
+    pub fn new(shape: Shape, capacity: usize) -> Self {
+        KvPool { shape, blocks: Vec::new(), capacity, free: Vec::new(), idle: VecDeque::new(), index: HashMap::new() }
+    }
+
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Blocks some sequence holds.
+    pub fn used(&self) -> usize {
+        self.blocks.len() - self.free.len() - self.idle.len()
+    }
+    /// Blocks that are free now or can be taken back from the index.
+    pub fn available(&self) -> usize {
+        self.capacity - self.used()
+    }
+
+    fn allocate(&mut self) -> Result<BlockId, PoolFull> {
+        let id = if let Some(id) = self.free.pop() {
+            id
+        } else if self.blocks.len() < self.capacity {
+            let n = self.shape.layer_elems();
+            let layer = || LayerBlock::F16 {
+                k: vec![f16::ZERO; n].into_boxed_slice(),
+                v: vec![f16::ZERO; n].into_boxed_slice(),
+            };
+            self.blocks.push(Block {
+                layers: (0..self.shape.layers).map(|_| layer()).collect(),
+                refs: 0,
+                key: None,
+                tokens: [0; BLOCK_TOKENS],
+            });
+            (self.blocks.len() - 1) as BlockId
+        } else if let Some(id) = self.idle.pop_front() {
+            let key = self.blocks[id as usize].key.take().expect("idle blocks are indexed");
+            self.index.remove(&key);
+            id
+        } else {
+            return Err(PoolFull(self.capacity));
+        };
+        self.blocks[id as usize].refs = 1;
+        Ok(id)
+    }
+
+    fn release(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.refs -= 1;
+        if b.refs == 0 {
+            if b.key.is_some() {
+                self.idle.push_back(id);
+            } else {
+                self.free.push(id);
+            }
+        }
+    }
+
+    /// Starts `table` (empty) on the longest run of `tokens`' full blocks found in the index,
+    /// leaving at least the last token to compute (its logits are needed). Returns the positions
+    /// reused.
+    pub fn attach_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> usize {
+        debug_assert!(table.blocks.is_empty());
+        let usable = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
+        let mut prev = 0u64;
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(usable) {
+            let key = chain(prev, chunk);
+            let Some(&id) = self.index.get(&key) else { break };
+            let b = &mut self.blocks[id as usize];
+            if b.tokens[..] != *chunk {
+                break;
+            }
+            if b.refs == 0 {
+                self.idle.retain(|&i| i != id);
+            }
+            b.refs += 1;
+            table.blocks.push(id);
+            table.keys.push(key);
+            prev = key;
+        }
+        table.len = table.blocks.len() * BLOCK_TOKENS;
+        table.len
+    }
+
+    /// Makes room in `table` for `extra` positions after its last one: all or nothing.
+    pub fn reserve(&mut self, table: &mut BlockTable, extra: usize) -> Result<(), PoolFull> {
+        let need = (table.len + extra).div_ceil(BLOCK_TOKENS);
+        let missing = need.saturating_sub(table.blocks.len());
+        if missing > self.available() {
+            return Err(PoolFull(self.capacity));
+        }
+        while table.blocks.len() < need {
+            let id = self.allocate()?;
+            table.blocks.push(id);
+        }
+        Ok(())
+    }
+
+    /// Registers `table`'s blocks that became full (their tokens are `tokens[..table.len]`) so
+    /// that later requests can share them.
+    pub fn publish(&mut self, table: &mut BlockTable, tokens: &[u32]) {
+        let full = table.len / BLOCK_TOKENS;
+        while table.keys.len() < full {
+            let i = table.keys.len();
+            let prev = table.keys.last().copied().unwrap_or(0);
+            let key = chain(prev, &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            table.keys.push(key);
+            let id = table.blocks[i];
+            if self.blocks[id as usize].key.is_none() && !self.index.contains_key(&key) {
+                self.index.insert(key, id);
+                let b = &mut self.blocks[id as usize];
+                b.key = Some(key);
+                b.tokens.copy_from_slice(&tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            }
+        }
+    }
+
+    /// Gives back every block of `table`.
+    pub fn free_table(&mut self, table: &mut BlockTable) {
+        for id in table.blocks.drain(..) {
+            self.release(id);
+        }
+        table.keys.clear();
+        table.len = 0;
+    }
+
+    /// Drops positions from `len` on (a step that failed); full blocks before it stay.
+    pub fn truncate(&mut self, table: &mut BlockTable, len: usize) {
+        let keep = len.div_ceil(BLOCK_TOKENS);
+        for id in table.blocks.drain(keep..) {
+            self.release(id);
+        }
+        table.keys.truncate(len / BLOCK_TOKENS);
+        table.len = len;
+    }
+
+    /// Writes the key and value vectors (`kv_heads x head_dim` each) of position `pos`.
+    pub fn write(&mut self, table: &BlockTable, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let id = table.blocks[pos / BLOCK_TOKENS];
+        let slot = pos % BLOCK_TOKENS;
+        let hd = self.shape.head_dim;
+        let LayerBlock::F16 { k: kb, v: vb } = &mut self.blocks[id as usize].layers[layer];
+        for h in 0..self.shape.kv_heads {
+            let at = (h * BLOCK_TOKENS + slot) * hd;
+            for (d, s) in kb[at..at + hd].iter_mut().zip(&k[h * hd..(h + 1) * hd]) {
+                *d = f16::from_f32(*s);
+            }
+            for (d, s) in vb[at..at + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
+                *d = f16::from_f32(*s);
+            }
+        }
+    }
+
+    /// The stored keys and values of one layer of one block.
+    pub fn layer(&self, id: BlockId, layer: usize) -> &LayerBlock {
+        &self.blocks[id as usize].layers[layer]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(capacity: usize) -> KvPool {
+        KvPool::new(Shape { layers: 2, kv_heads: 1, head_dim: 4 }, capacity)
+    }
+
+    fn filled(pool: &mut KvPool, tokens: &[u32]) -> BlockTable {
+        let mut t = BlockTable::default();
+        pool.reserve(&mut t, tokens.len()).unwrap();
+        t.len = tokens.len();
+        pool.publish(&mut t, tokens);
+        t
+    }
+
+    #[test]
+    fn a_shared_prefix_reuses_full_blocks_only_and_leaves_the_last_token() {
+        let mut p = pool(8);
+        let a: Vec<u32> = (0..40).collect();
+        let mut ta = filled(&mut p, &a);
+        assert_eq!(ta.blocks.len(), 3);
+        // Same first 35 tokens: two full blocks (32 positions) are shared.
+        let mut b: Vec<u32> = (0..35).collect();
+        b.push(999);
+        let mut tb = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut tb, &b), 32);
+        assert_eq!(tb.blocks, ta.blocks[..2]);
+        // A prompt of exactly 32 shared tokens reuses one block: its last token must run.
+        let mut tc = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut tc, &a[..32]), 16);
+        // A different first token shares nothing.
+        let mut td = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut td, &[7; 40]), 0);
+        p.free_table(&mut ta);
+        p.free_table(&mut tb);
+        p.free_table(&mut tc);
+        assert_eq!(p.used(), 0);
+    }
+
+    #[test]
+    fn released_blocks_stay_reusable_until_the_pool_needs_them() {
+        let mut p = pool(3);
+        let a: Vec<u32> = (0..33).collect();
+        let mut ta = filled(&mut p, &a);
+        p.free_table(&mut ta);
+        assert_eq!((p.used(), p.available()), (0, 3));
+        let mut tb = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut tb, &a), 32, "idle blocks are still indexed");
+        p.free_table(&mut tb);
+        // Three fresh blocks for unrelated tokens take the idle ones back, oldest first.
+        let mut tc = filled(&mut p, &[5; 48]);
+        let mut td = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut td, &a), 0);
+        assert!(p.reserve(&mut td, 1).is_err(), "every block is in use");
+        p.free_table(&mut tc);
+        assert!(p.reserve(&mut td, 1).is_ok());
+    }
+
+    #[test]
+    fn writes_land_in_the_right_block_and_slot() {
+        let mut p = pool(4);
+        let t = filled(&mut p, &[1; 20]);
+        p.write(&t, 1, 17, &[1.0, 2.0, 3.0, 4.0], &[-1.0, -2.0, -3.0, -4.0]);
+        let LayerBlock::F16 { k, v } = p.layer(t.blocks[1], 1);
+        assert_eq!(k[4..8].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(v[4].to_f32(), -1.0);
+        let LayerBlock::F16 { k, .. } = p.layer(t.blocks[1], 0);
+        assert!(k.iter().all(|x| x.to_f32() == 0.0));
+    }
+}

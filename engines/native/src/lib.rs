@@ -1,0 +1,304 @@
+//! llmr's Rust-native engine plugin: Hugging Face safetensors checkpoints run directly, the
+//! architecture chosen from the model's own `config.json`, its own `tokenizer.json` and chat
+//! template. CPU kernels in f32 over weights kept as stored (bf16 / f16 / f32, memory-mapped);
+//! continuous batching over a block KV cache (`kv_cache.rs`) that shares full blocks between
+//! requests with equal prefixes.
+
+pub mod arch;
+pub mod attention;
+pub mod checkpoint;
+pub mod config;
+pub mod kernels;
+pub mod kv_cache;
+pub mod rope;
+mod scheduler;
+pub mod tokenizer;
+
+use arch::Model;
+use checkpoint::{Checkpoint, CheckpointError};
+use config::{ConfigError, ModelConfig};
+use kv_cache::{KvPool, Shape, BLOCK_TOKENS};
+use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
+use llmr_engine_sdk::{
+    abi, Capability, Engine, EngineConfig, EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest,
+    ModelDesc, ModelInfo, TokenSink,
+};
+use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
+use std::time::Instant;
+use tokenizer::ModelTokenizer;
+
+const DEFAULT_SLOTS: u32 = 4;
+/// The default context per sequence is the model's training context, capped (as the llama.cpp
+/// plugin caps it): KV blocks are allocated as used, but the pool's bound follows from it.
+const DEFAULT_CTX_CAP: u32 = 8192;
+const DEFAULT_PREFILL_CHUNK: usize = 256;
+/// As the llama.cpp plugin's (bench/RESULTS.md, "Pacing long prompts").
+const DEFAULT_PREFILL_STALL: f64 = 4.0;
+
+/// Monotonic nanoseconds since the plugin first needed a clock.
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+struct LoadedModel {
+    config: ModelConfig,
+    tokenizer: Arc<ModelTokenizer>,
+    ctx_per_seq: u32,
+    slots: u32,
+    threads: usize,
+    kv_blocks: usize,
+    weight_bytes: usize,
+    scheduler: Worker<Command>,
+    stats: Arc<Stats>,
+}
+
+pub struct NativeEngine {
+    config: EngineConfig,
+    prefill_chunk: usize,
+    prefill_stall: f64,
+    models: RwLock<HashMap<String, Arc<LoadedModel>>>,
+    running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+}
+
+fn corrupt(e: CheckpointError) -> EngineError {
+    match e {
+        CheckpointError::Io { .. } => EngineError::load_failed(e.to_string()),
+        _ => EngineError::new(ErrorCode::ModelCorrupt, e.to_string()),
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl NativeEngine {
+    fn model(&self, id: &str) -> Result<Arc<LoadedModel>, EngineError> {
+        self.models.read().unwrap().get(id).cloned().ok_or_else(|| EngineError::model_not_loaded(id))
+    }
+
+    fn generate(
+        &self,
+        m: &LoadedModel,
+        req: &InferRequest<'_>,
+        sink: &mut TokenSink,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<InferOutcome, EngineError> {
+        let tokens = m
+            .tokenizer
+            .encode(req.prompt, req.add_bos, req.parse_special)
+            .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize the prompt: {e}")))?;
+        let ctx = m.ctx_per_seq as usize;
+        if tokens.is_empty() {
+            return Err(EngineError::new(ErrorCode::Unsupported, "the prompt is empty"));
+        }
+        if tokens.len() >= ctx {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                format!("the prompt has {} tokens; the context per sequence is {ctx}", tokens.len()),
+            ));
+        }
+        let room = (ctx - tokens.len()) as u32;
+        let (tx, rx) = mpsc::channel();
+        m.scheduler.send(Command::Infer(Job {
+            request_id: req.request_id,
+            max_tokens: req.sampling.max_tokens.map_or(room, |n| n.min(room)),
+            sampling: req.sampling.clone(),
+            ignore_eos: req.ignore_eos,
+            tokens,
+            events: tx,
+            cancel: cancel.clone(),
+        }))?;
+        relay(rx, sink, &cancel)
+    }
+}
+
+impl Engine for NativeEngine {
+    fn info() -> &'static EngineInfo {
+        static INFO: EngineInfo =
+            EngineInfo { engine_id: c"native", version: c"0.1.0", capabilities: abi::LLMR_CAP_TEXT };
+        &INFO
+    }
+
+    fn create(config: EngineConfig) -> Result<Self, EngineError> {
+        if config.gpu_backend != abi::LLMR_GPU_CPU {
+            return Err(EngineError::new(ErrorCode::Unsupported, "the native engine runs on the CPU only (for now)"));
+        }
+        let param = |key: &str| config.params.get(key).and_then(|v| v.as_f64());
+        let prefill_chunk = param("prefill_chunk").map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1.0, 65536.0) as usize);
+        let prefill_stall = param("prefill_stall").map_or(DEFAULT_PREFILL_STALL, |v| v.max(1.0));
+        Ok(NativeEngine { config, prefill_chunk, prefill_stall, models: RwLock::default(), running: Mutex::default() })
+    }
+
+    fn load_model(&self, desc: ModelDesc) -> Result<(), EngineError> {
+        if desc.format != Format::Safetensors {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                format!("the native engine reads safetensors models, not {}", desc.format.as_str()),
+            ));
+        }
+        if self.models.read().unwrap().contains_key(&desc.model_id) {
+            return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
+        }
+        let started = Instant::now();
+        let config = ModelConfig::read(&desc.model_dir.join("config.json")).map_err(|e| match e {
+            ConfigError::Unsupported(_) => EngineError::new(ErrorCode::Unsupported, e.to_string()),
+            _ => EngineError::load_failed(e.to_string()),
+        })?;
+        let checkpoint = Checkpoint::open(&desc.primary_file).map_err(corrupt)?;
+        let model = Arc::new(Model::load(&config, &checkpoint).map_err(corrupt)?);
+        let tokenizer = Arc::new(
+            ModelTokenizer::load(&desc.model_dir, config.vocab, &config.eos, config.bos)
+                .map_err(|e| EngineError::load_failed(e.to_string()))?,
+        );
+        let requested = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };
+        let ctx_per_seq =
+            if requested > 0 { requested } else { (config.context_length as u32).min(DEFAULT_CTX_CAP) }.max(16);
+        let slots = if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS };
+        let threads = if self.config.threads > 0 { self.config.threads as usize } else { default_threads() };
+        let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
+        // Every slot can hold a full context; blocks are allocated as they are first used.
+        let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
+        let pool = KvPool::new(shape, kv_blocks);
+        let pool_threads = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("llmr-native-{i}"))
+                .build()
+                .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start the thread pool: {e}")))?,
+        );
+        let stats = Arc::new(Stats::default());
+        let settings = StepSettings {
+            slots: slots as usize,
+            prefill_chunk: self.prefill_chunk,
+            prefill_stall: self.prefill_stall,
+            ctx_per_seq: ctx_per_seq as usize,
+        };
+        let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
+        let scheduler =
+            spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
+                let s = Scheduler::new(model, tk, vocab, pool, pool_threads, settings, st, logger);
+                let _ = ready.send(Ok(()));
+                s.run(rx)
+            })?;
+        self.config.logger.info(&format!(
+            "loaded {} ({}, {} layers) in {:.0} ms: {slots} slots x {ctx_per_seq} tokens, {threads} threads",
+            desc.model_id,
+            config.model_type,
+            config.layers,
+            started.elapsed().as_secs_f64() * 1e3,
+        ));
+        let loaded = Arc::new(LoadedModel {
+            weight_bytes: checkpoint.mapped_bytes(),
+            config,
+            tokenizer,
+            ctx_per_seq,
+            slots,
+            threads,
+            kv_blocks,
+            scheduler,
+            stats,
+        });
+        let mut models = self.models.write().unwrap();
+        if models.contains_key(&desc.model_id) {
+            return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
+        }
+        models.insert(desc.model_id, loaded);
+        Ok(())
+    }
+
+    fn unload_model(&self, model_id: &str) -> Result<(), EngineError> {
+        let m = self.models.write().unwrap().remove(model_id).ok_or_else(|| EngineError::model_not_loaded(model_id))?;
+        // The worker stops (cancelling what runs) once the last request holding the model is done.
+        drop(m);
+        Ok(())
+    }
+
+    fn model_info(&self, model_id: &str) -> Result<ModelInfo, EngineError> {
+        let m = self.model(model_id)?;
+        let c = &m.config;
+        let mut extra = serde_json::Map::new();
+        extra.insert("threads".into(), m.threads.into());
+        extra.insert("kv_cache_type".into(), "f16".into());
+        extra.insert("kv_block_tokens".into(), BLOCK_TOKENS.into());
+        extra.insert("kv_blocks".into(), m.kv_blocks.into());
+        Ok(ModelInfo {
+            architecture: Some(c.model_type.clone()),
+            context_length: Some(m.ctx_per_seq),
+            train_context_length: Some(c.context_length as u32),
+            vocab_size: Some(c.vocab as u32),
+            embedding_length: Some(c.hidden as u32),
+            bos_token: m.tokenizer.bos_token.clone(),
+            eos_token: m.tokenizer.eos_token.clone(),
+            chat_template: m.tokenizer.chat_template.clone(),
+            pooling: None,
+            quantization: None,
+            size_bytes: Some(m.weight_bytes as u64),
+            parameters: None,
+            slots: Some(m.slots),
+            capabilities: vec![Capability::Text],
+            extra,
+        })
+    }
+
+    fn tokenize(
+        &self,
+        model_id: &str,
+        text: &str,
+        add_bos: bool,
+        parse_special: bool,
+    ) -> Result<Vec<i32>, EngineError> {
+        let m = self.model(model_id)?;
+        let ids = m
+            .tokenizer
+            .encode(text, add_bos, parse_special)
+            .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize: {e}")))?;
+        Ok(ids.into_iter().map(|i| i as i32).collect())
+    }
+
+    fn infer(&self, req: &InferRequest<'_>, sink: &mut TokenSink) -> Result<InferOutcome, EngineError> {
+        let m = self.model(req.model_id)?;
+        let flag = Arc::new(AtomicBool::new(false));
+        self.running.lock().unwrap().insert(req.request_id, flag.clone());
+        let outcome = self.generate(&m, req, sink, flag);
+        self.running.lock().unwrap().remove(&req.request_id);
+        outcome
+    }
+
+    fn cancel(&self, request_id: u64) -> Result<(), EngineError> {
+        if let Some(flag) = self.running.lock().unwrap().get(&request_id) {
+            flag.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn metrics(&self) -> Result<serde_json::Value, EngineError> {
+        let models = self.models.read().unwrap();
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let per_model: Vec<serde_json::Value> = models
+            .iter()
+            .map(|(id, m)| {
+                let s = &m.stats;
+                serde_json::json!({
+                    "model": id,
+                    "slots_total": m.slots,
+                    "slots_busy": get(&s.running),
+                    "queued": get(&s.queued),
+                    "requests_total": get(&s.requests_total),
+                    "prompt_tokens_total": get(&s.prompt_tokens_total),
+                    "cached_tokens_total": get(&s.cached_tokens_total),
+                    "tokens_generated_total": get(&s.tokens_generated_total),
+                    "decode_steps_total": get(&s.decode_steps_total),
+                    "kv_blocks_used": get(&s.kv_blocks_used),
+                    "kv_blocks_total": get(&s.kv_blocks_total),
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({ "models": per_model }))
+    }
+}
+
+llmr_engine_sdk::export_engine!(NativeEngine);

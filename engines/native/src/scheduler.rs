@@ -1,0 +1,416 @@
+//! Continuous batching: one worker thread per model owns its KV pool and running sequences.
+//!
+//! Every step builds one batch from (a) the last sampled token of every generating sequence and
+//! (b) prompt tokens of sequences still reading their prompt (at most `prefill_chunk` a step,
+//! fewer while others generate: `llmr_sampling::Pacer`), runs one forward pass over it on the
+//! model's thread pool, and samples for every sequence whose last prompt token or generated
+//! token was in it. New requests join between steps, starting after the longest run of full KV
+//! blocks the pool already holds for their prompt (`kv_cache.rs`).
+
+use crate::arch::{BatchToken, Model, Scratch};
+use crate::clock_ns;
+use crate::kv_cache::{BlockTable, KvPool};
+use crate::tokenizer::{Detokenizer, ModelTokenizer};
+use llmr_engine_sdk::text::StopMatcher;
+use llmr_engine_sdk::worker::{Event, TokenEvent};
+use llmr_engine_sdk::{EngineError, FinishReason, InferOutcome, Logger, Sampling};
+use llmr_sampling::{logprobs, Pacer, Sampler};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A generation request, tokenized by the caller.
+pub struct Job {
+    pub request_id: u64,
+    pub tokens: Vec<u32>,
+    /// The request's `max_tokens` capped by the room left in the sequence's context.
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub ignore_eos: bool,
+    pub events: Sender<Event>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+pub enum Command {
+    Infer(Job),
+    Shutdown,
+}
+
+/// Counters shared with `metrics`.
+#[derive(Default)]
+pub struct Stats {
+    pub running: AtomicU64,
+    pub queued: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub prompt_tokens_total: AtomicU64,
+    pub cached_tokens_total: AtomicU64,
+    pub tokens_generated_total: AtomicU64,
+    pub decode_steps_total: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+}
+
+/// How a model's worker runs.
+#[derive(Clone, Copy, Debug)]
+pub struct StepSettings {
+    pub slots: usize,
+    pub prefill_chunk: usize,
+    /// How much longer than a plain decode step a step with prompt tokens may take while others
+    /// generate (`Pacer`).
+    pub prefill_stall: f64,
+    pub ctx_per_seq: usize,
+}
+
+struct Running {
+    job: Job,
+    table: BlockTable,
+    /// Prompt then generated tokens whose KV the table holds or is about to hold.
+    tokens: Vec<u32>,
+    /// Next prompt token to feed.
+    next_prompt: usize,
+    cached_prompt: usize,
+    sampler: Sampler,
+    /// Sampled but not yet fed to the model.
+    pending: Option<u32>,
+    /// Row of this step's logits this sequence samples from.
+    logits_row: Option<usize>,
+    generated: u32,
+    detok: Detokenizer,
+    stops: StopMatcher,
+    started: Instant,
+    first_token: Option<Instant>,
+}
+
+pub struct Scheduler {
+    model: Arc<Model>,
+    tokenizer: Arc<ModelTokenizer>,
+    vocab: usize,
+    pool: KvPool,
+    threads: Arc<rayon::ThreadPool>,
+    settings: StepSettings,
+    running: Vec<Running>,
+    queue: VecDeque<Job>,
+    scratch: Scratch,
+    pacer: Pacer,
+    stats: Arc<Stats>,
+    logger: Logger,
+}
+
+impl Scheduler {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: Arc<Model>,
+        tokenizer: Arc<ModelTokenizer>,
+        vocab: usize,
+        pool: KvPool,
+        threads: Arc<rayon::ThreadPool>,
+        settings: StepSettings,
+        stats: Arc<Stats>,
+        logger: Logger,
+    ) -> Self {
+        stats.kv_blocks_total.store(pool.capacity() as u64, Ordering::Relaxed);
+        Scheduler {
+            model,
+            tokenizer,
+            vocab,
+            pool,
+            threads,
+            settings,
+            running: Vec::new(),
+            queue: VecDeque::new(),
+            scratch: Scratch::default(),
+            pacer: Pacer::default(),
+            stats,
+            logger,
+        }
+    }
+
+    pub fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            if self.running.is_empty() && self.queue.is_empty() {
+                match commands.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+            while let Ok(cmd) = commands.try_recv() {
+                if !self.handle(cmd) {
+                    return;
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            self.stats.queued.store(self.queue.len() as u64, Ordering::Relaxed);
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    /// Returns false on shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Infer(job) => {
+                self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+                self.queue.push_back(job);
+                true
+            }
+            Command::Shutdown => {
+                for job in self.queue.drain(..) {
+                    let _ = job.events.send(Event::Failed(EngineError::cancelled()));
+                }
+                while !self.running.is_empty() {
+                    self.finish(0, FinishReason::Cancelled);
+                }
+                false
+            }
+        }
+    }
+
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].job.cancel.load(Ordering::SeqCst) {
+                self.finish(i, FinishReason::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        self.queue.retain(|job| {
+            let cancelled = job.cancel.load(Ordering::SeqCst);
+            if cancelled {
+                let _ = job.events.send(Event::Done(InferOutcome {
+                    finish_reason: FinishReason::Cancelled,
+                    prompt_tokens: job.tokens.len() as u32,
+                    completion_tokens: 0,
+                    cached_tokens: 0,
+                    prompt_eval_ns: 0,
+                    generation_ns: 0,
+                }));
+            }
+            !cancelled
+        });
+    }
+
+    fn admit(&mut self) {
+        while self.running.len() < self.settings.slots {
+            let Some(job) = self.queue.pop_front() else { break };
+            let mut table = BlockTable::default();
+            let reused = self.pool.attach_prefix(&mut table, &job.tokens);
+            self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
+            self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
+            self.running.push(Running {
+                sampler: Sampler::new(&job.sampling, self.vocab),
+                stops: StopMatcher::new(job.sampling.stop.iter().cloned()),
+                tokens: job.tokens[..reused].to_vec(),
+                table,
+                next_prompt: reused,
+                cached_prompt: reused,
+                pending: None,
+                logits_row: None,
+                generated: 0,
+                detok: self.tokenizer.decoder(),
+                started: Instant::now(),
+                first_token: None,
+                job,
+            });
+        }
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Builds the step's batch; returns it with how many of its tokens are decode tokens.
+    fn build_batch(&mut self) -> (Vec<BatchToken>, usize) {
+        // Room for every decode token first; when the pool is full, the longest sequence ends
+        // (finish_reason `length`) and the others are checked again.
+        'room: loop {
+            for i in 0..self.running.len() {
+                let r = &mut self.running[i];
+                if r.pending.is_some() && self.pool.reserve(&mut r.table, 1).is_err() {
+                    self.end_longest();
+                    continue 'room;
+                }
+            }
+            break;
+        }
+        let mut batch = Vec::new();
+        for (s, r) in self.running.iter_mut().enumerate() {
+            r.logits_row = None;
+            if let Some(tok) = r.pending.take() {
+                batch.push(BatchToken { token: tok, seq: s, pos: r.table.len, logits: true });
+                r.tokens.push(tok);
+                r.table.len += 1;
+            }
+        }
+        let decoding = batch.len();
+        // Prompt chunks, oldest request first; a long prompt is paced while others generate.
+        let chunk = self.settings.prefill_chunk;
+        let mut budget = chunk;
+        let mut paced = self.pacer.budget(decoding, chunk, self.settings.prefill_stall);
+        let mut order: Vec<usize> = (0..self.running.len())
+            .filter(|&s| self.running[s].next_prompt < self.running[s].job.tokens.len())
+            .collect();
+        order.sort_by_key(|&s| self.running[s].started);
+        for s in order {
+            if budget == 0 {
+                break;
+            }
+            let r = &self.running[s];
+            let long = r.job.tokens.len() - r.cached_prompt > chunk;
+            let allowed = if long { budget.min(paced) } else { budget };
+            if allowed == 0 {
+                continue;
+            }
+            let end = (r.next_prompt + allowed).min(r.job.tokens.len());
+            let n = end - r.next_prompt;
+            let r = &mut self.running[s];
+            if self.pool.reserve(&mut r.table, n).is_err() {
+                // No room for this prompt now: it waits for sequences to finish.
+                continue;
+            }
+            for p in r.next_prompt..end {
+                let last = p + 1 == r.job.tokens.len();
+                batch.push(BatchToken { token: r.job.tokens[p], seq: s, pos: r.table.len, logits: last });
+                r.tokens.push(r.job.tokens[p]);
+                r.table.len += 1;
+            }
+            r.next_prompt = end;
+            budget -= n;
+            if long {
+                paced = paced.saturating_sub(n);
+            }
+        }
+        (batch, decoding)
+    }
+
+    fn step(&mut self) {
+        let (batch, decoding) = self.build_batch();
+        if batch.is_empty() {
+            // Every running prompt waits for room only a finished sequence frees. The pool holds
+            // at least one full context, so ending the longest lets the others go on.
+            if !self.running.is_empty() {
+                self.end_longest();
+            }
+            return;
+        }
+        // Which row of the logits each sampling sequence reads.
+        let mut row = 0;
+        for b in &batch {
+            if b.logits {
+                self.running[b.seq].logits_row = Some(row);
+                row += 1;
+            }
+        }
+        let started = Instant::now();
+        let tables: Vec<&BlockTable> = self.running.iter().map(|r| &r.table).collect();
+        let (model, pool, scratch) = (&self.model, &mut self.pool, &mut self.scratch);
+        let logits = self.threads.install(|| model.forward(pool, &tables, &batch, scratch));
+        self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
+        self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
+        for r in self.running.iter_mut() {
+            self.pool.publish(&mut r.table, &r.tokens);
+        }
+        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < self.running.len() {
+            match self.running[i].logits_row {
+                Some(row) => {
+                    let logits = &logits[row * self.vocab..(row + 1) * self.vocab];
+                    if self.sample(i, logits) {
+                        i += 1;
+                    }
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    /// Samples the next token of sequence `i`; returns false when the sequence ended (and left
+    /// `running`).
+    fn sample(&mut self, i: usize, logits: &[f32]) -> bool {
+        let tk = &self.tokenizer;
+        let ctx_per_seq = self.settings.ctx_per_seq;
+        let r = &mut self.running[i];
+        let token = r.sampler.sample(logits, &r.tokens);
+        r.first_token.get_or_insert_with(Instant::now);
+        r.generated += 1;
+        self.stats.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
+        let (logprob, top) = match r.job.sampling.logprobs {
+            None => (0.0, Vec::new()),
+            Some(n) => {
+                let (lp, top) = logprobs(logits, token as usize, n as usize);
+                (lp, top.into_iter().map(|(id, lp)| (id as i32, lp, tk.piece(id as u32))).collect())
+            }
+        };
+        let end = tk.is_end(token) && !r.job.ignore_eos;
+        let mut text = String::new();
+        let mut finish = None;
+        if end {
+            finish = Some(FinishReason::Stop);
+        } else {
+            let piece = tk.step(&mut r.detok, token);
+            text.push_str(r.stops.push(&piece));
+            if r.stops.stopped() {
+                finish = Some(FinishReason::Stop);
+            } else if r.generated >= r.job.max_tokens || r.table.len + 1 >= ctx_per_seq {
+                finish = Some(FinishReason::Length);
+            }
+        }
+        if finish.is_some() && !r.stops.stopped() {
+            text.push_str(r.stops.finish());
+        }
+        let event = TokenEvent { id: token as i32, text, logprob, top, t_ns: clock_ns() };
+        let delivered = r.job.events.send(Event::Token(event)).is_ok();
+        match finish {
+            Some(reason) => {
+                self.finish(i, reason);
+                false
+            }
+            None if !delivered => {
+                self.finish(i, FinishReason::Cancelled);
+                false
+            }
+            None => {
+                r.pending = Some(token);
+                true
+            }
+        }
+    }
+
+    fn end_longest(&mut self) {
+        if let Some(longest) = (0..self.running.len()).max_by_key(|&j| self.running[j].table.len) {
+            self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
+            self.finish(longest, FinishReason::Length);
+        }
+    }
+
+    fn finish(&mut self, i: usize, reason: FinishReason) {
+        let mut r = self.running.swap_remove(i);
+        self.pool.free_table(&mut r.table);
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        let now = Instant::now();
+        let prompt_eval_ns = r.first_token.map_or(now - r.started, |t| t - r.started).as_nanos() as u64;
+        let generation_ns = r.first_token.map_or(0, |t| (now - t).as_nanos() as u64);
+        self.logger.debug(&format!(
+            "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
+            r.job.request_id,
+            r.job.tokens.len(),
+            r.cached_prompt,
+            r.generated
+        ));
+        let _ = r.job.events.send(Event::Done(InferOutcome {
+            finish_reason: reason,
+            prompt_tokens: r.job.tokens.len() as u32,
+            completion_tokens: r.generated,
+            cached_tokens: r.cached_prompt as u32,
+            prompt_eval_ns,
+            generation_ns,
+        }));
+    }
+}
