@@ -17,6 +17,7 @@ struct Args {
     /// Plugin folder (manifest.json + library).
     #[arg(long, default_value = "engines/llama_cpp/cpu")]
     plugin: PathBuf,
+    /// A GGUF file or a safetensors model folder.
     #[arg(long)]
     model: PathBuf,
     #[arg(long, default_value_t = 2)]
@@ -44,6 +45,16 @@ struct Args {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A GGUF file, or a Hugging Face model folder (its sharded index when there is one).
+fn model_spec(path: &std::path::Path) -> ModelSpec {
+    if !path.is_dir() {
+        return ModelSpec::new("m", Format::Gguf, path.display().to_string());
+    }
+    let index = path.join("model.safetensors.index.json");
+    let primary = if index.is_file() { index } else { path.join("model.safetensors") };
+    ModelSpec::new("m", Format::Safetensors, primary.display().to_string())
+}
 
 /// Text of exactly `n` tokens (BOS included) that shares no prefix with other calls.
 fn prompt_of(engine: &EngineInstance, n: usize, salt: u64) -> Result<String> {
@@ -164,7 +175,7 @@ fn main() -> Result<()> {
         &plugin,
         &InstanceConfig { slots, threads: args.threads, context_length: 1024, ..Default::default() },
     )?;
-    engine.load_model(&ModelSpec::new("m", Format::Gguf, args.model.display().to_string()))?;
+    engine.load_model(&model_spec(&args.model))?;
     let mut out = serde_json::json!({
         "engine": plugin.id(), "engine_version": plugin.manifest.version.to_string(),
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// A GGUF file, or a model name in the local store (`~/.llmr/models`).
+    /// A GGUF file, a safetensors model folder, or a model name in the local store (`~/.llmr/models`).
     model: String,
     /// The user message.
     prompt: String,
@@ -41,8 +41,8 @@ pub struct RunArgs {
 
 fn describe(model: &str) -> Result<ModelDescriptor> {
     let path = Path::new(model);
-    if path.is_file() {
-        return ModelDescriptor::from_gguf_file(path).with_context(|| format!("reading {model}"));
+    if path.is_file() || path.join("config.json").is_file() {
+        return ModelDescriptor::from_path(path).with_context(|| format!("reading {model}"));
     }
     let root = ModelStore::default_root().context("no home directory for the model store")?;
     ModelStore::open(root)?

@@ -222,3 +222,55 @@ fn a_public_address_needs_an_api_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("refusing to listen on 0.0.0.0 without an API key"), "{err}");
 }
+
+/// A model folder of the fetch-models cache (`smollm2-hf`: SmolLM2 in Hugging Face layout).
+fn model_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(model(&format!("{name}/config.json")));
+    dir.parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn a_safetensors_folder_is_served_beside_a_gguf_and_a_corrupt_one_harms_nothing() {
+    let hf = model_dir("smollm2-hf");
+    // The same folder with its weights cut short: a download that stopped half way.
+    let broken = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(hf.join(f), broken.path().join(f)).unwrap();
+    }
+    let weights = std::fs::read(hf.join("model.safetensors")).unwrap();
+    std::fs::write(broken.path().join("model.safetensors"), &weights[..weights.len() / 3]).unwrap();
+    let s = serve(&[
+        "--model",
+        &format!("smol-st={}", hf.display()),
+        "--model",
+        &format!("smol-gguf={}", model("smollm2-135m-instruct-q4_1.gguf")),
+        "--model",
+        &format!("broken={}", broken.path().display()),
+    ]);
+    let ask = |model: &str| {
+        let mut body = chat(model, "What is the capital of France?");
+        body["max_tokens"] = json!(24);
+        s.post("/v1/chat/completions", &body)
+    };
+    let (status, st) = ask("smol-st");
+    assert_eq!(status, 200, "{st}");
+    let answer = st["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "{st}");
+    let (status, gguf) = ask("smol-gguf");
+    assert_eq!(status, 200, "{gguf}");
+    // The same weights through two engines and two tokenizers: the same prompt length.
+    assert_eq!(st["usage"]["prompt_tokens"], gguf["usage"]["prompt_tokens"]);
+    // Streaming goes through the same pipeline.
+    let mut body = chat("smol-st", "Count to five.");
+    body["stream"] = json!(true);
+    let text = s.http.post(format!("{}/v1/chat/completions", s.url)).json(&body).send().unwrap().text().unwrap();
+    assert!(text.matches("data: {").count() > 3 && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // The truncated checkpoint fails to load with an error that says so; nothing else is hurt.
+    let (status, err) = ask("broken");
+    assert!(status >= 500, "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("model.safetensors") && message.contains("corrupt"), "{err}");
+    assert_eq!(ask("smol-st").0, 200);
+    let models = s.get_text("/v1/models");
+    assert!(models.contains("\"smol-st\"") && models.contains("\"broken\""), "{models}");
+}

@@ -87,6 +87,22 @@ impl ModelDescriptor {
         Self::from_gguf(name, &files, &header, None)
     }
 
+    /// Describes a model given by path, outside the store: a GGUF file ([`Self::from_gguf_file`])
+    /// or a Hugging Face model folder (safetensors, `config.json`, `tokenizer.json`), named after
+    /// the folder.
+    pub fn from_path(path: &Path) -> Result<Self, StoreError> {
+        if !path.is_dir() {
+            return Self::from_gguf_file(path);
+        }
+        let listing = layout::read_dir(path).map_err(StoreError::io(path))?;
+        if !listing.has_safetensors() {
+            return Err(StoreError::NoModelFiles { dir: path.to_path_buf() });
+        }
+        let model = crate::safetensors::inspect(&listing)?;
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+        Self::from_safetensors(name, path, model)
+    }
+
     /// Describes a model from a list of its files (a router's manifest): `primary` and `files`
     /// are `/`-separated paths relative to `dir`, which the caller has checked stay inside it.
     /// Only the listed files count, so a shared folder holding other models changes nothing.

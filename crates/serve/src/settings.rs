@@ -99,8 +99,8 @@ pub struct ServeSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub no_auth: bool,
-    /// A model to serve: a store name, a GGUF path, or ALIAS=PATH. Repeatable; default: the
-    /// whole store. The first one is preloaded.
+    /// A model to serve: a store name, a GGUF path, a safetensors model folder, or ALIAS=PATH.
+    /// Repeatable; default: the whole store. The first one is preloaded.
     #[arg(long = "model", short = 'm', env = "LLMR_MODEL", value_delimiter = ',')]
     pub models: Option<Vec<String>>,
     /// The model to preload (file only).
@@ -157,16 +157,16 @@ pub(crate) fn check_exposure(host: &str, api_key: Option<&str>, no_auth: bool) -
     Ok(())
 }
 
-/// A `--model` value resolved to a descriptor: a GGUF file, else a store name; `ALIAS=` renames.
+/// A `--model` value resolved to a descriptor: a GGUF file or a safetensors model folder, else
+/// a store name; `ALIAS=` renames.
 fn resolve_model(spec: &str, store: &ModelStore) -> Result<ModelDescriptor, Error> {
     let (alias, target) = match spec.split_once('=') {
         Some((a, t)) if !a.is_empty() && !a.contains('/') => (Some(a), t),
         _ => (None, spec),
     };
     let path = Path::new(target);
-    let mut desc = if path.is_file() {
-        ModelDescriptor::from_gguf_file(path)
-            .map_err(|e| Error::ModelFile { spec: target.to_owned(), source: e.into() })?
+    let mut desc = if path.is_file() || path.join("config.json").is_file() {
+        ModelDescriptor::from_path(path).map_err(|e| Error::ModelFile { spec: target.to_owned(), source: e.into() })?
     } else {
         store.resolve(target).map_err(|e| Error::ModelNotFound {
             spec: target.to_owned(),

@@ -148,7 +148,10 @@ impl ModelConfig {
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
-        if head_dim == 0 || !head_dim.is_multiple_of(2) || (raw.head_dim.is_none() && !raw.hidden_size.is_multiple_of(heads)) {
+        if head_dim == 0
+            || !head_dim.is_multiple_of(2)
+            || (raw.head_dim.is_none() && !raw.hidden_size.is_multiple_of(heads))
+        {
             return Err(ConfigError::Invalid(format!("head_dim {head_dim} does not fit hidden_size / heads")));
         }
         let context_length = raw.max_position_embeddings.unwrap_or(2048);

@@ -58,8 +58,9 @@ struct LoadedModel {
 
 pub struct NativeEngine {
     config: EngineConfig,
-    prefill_chunk: usize,
-    prefill_stall: f64,
+    /// Step settings for models loaded from now on (`set_config` without a model id changes them
+    /// and every loaded model's).
+    step: Mutex<(usize, f64)>,
     models: RwLock<HashMap<String, Arc<LoadedModel>>>,
     running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
@@ -130,7 +131,12 @@ impl Engine for NativeEngine {
         let param = |key: &str| config.params.get(key).and_then(|v| v.as_f64());
         let prefill_chunk = param("prefill_chunk").map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1.0, 65536.0) as usize);
         let prefill_stall = param("prefill_stall").map_or(DEFAULT_PREFILL_STALL, |v| v.max(1.0));
-        Ok(NativeEngine { config, prefill_chunk, prefill_stall, models: RwLock::default(), running: Mutex::default() })
+        Ok(NativeEngine {
+            config,
+            step: Mutex::new((prefill_chunk, prefill_stall)),
+            models: RwLock::default(),
+            running: Mutex::default(),
+        })
     }
 
     fn load_model(&self, desc: ModelDesc) -> Result<(), EngineError> {
@@ -171,12 +177,9 @@ impl Engine for NativeEngine {
                 .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start the thread pool: {e}")))?,
         );
         let stats = Arc::new(Stats::default());
-        let settings = StepSettings {
-            slots: slots as usize,
-            prefill_chunk: self.prefill_chunk,
-            prefill_stall: self.prefill_stall,
-            ctx_per_seq: ctx_per_seq as usize,
-        };
+        let (prefill_chunk, prefill_stall) = *self.step.lock().unwrap();
+        let settings =
+            StepSettings { slots: slots as usize, prefill_chunk, prefill_stall, ctx_per_seq: ctx_per_seq as usize };
         let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
         let scheduler =
             spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
@@ -275,6 +278,22 @@ impl Engine for NativeEngine {
         Ok(())
     }
 
+    fn set_config(&self, model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
+        let (prefill_chunk, prefill_stall) = step_setting(key, &value)?;
+        let change = || Command::Step { prefill_chunk, prefill_stall };
+        match model_id {
+            Some(id) => self.model(id)?.scheduler.send(change()),
+            None => {
+                let mut step = self.step.lock().unwrap();
+                *step = (prefill_chunk.unwrap_or(step.0), prefill_stall.unwrap_or(step.1));
+                for m in self.models.read().unwrap().values() {
+                    m.scheduler.send(change())?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn metrics(&self) -> Result<serde_json::Value, EngineError> {
         let models = self.models.read().unwrap();
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -298,6 +317,22 @@ impl Engine for NativeEngine {
             })
             .collect();
         Ok(serde_json::json!({ "models": per_model }))
+    }
+}
+
+/// A `set_config` value for `prefill_chunk` (tokens, 1..=65536) or `prefill_stall` (>= 1).
+fn step_setting(key: &str, value: &serde_json::Value) -> Result<(Option<usize>, Option<f64>), EngineError> {
+    let bad = |what: &str| EngineError::new(ErrorCode::Unsupported, format!("`{key}` must be {what}"));
+    match key {
+        "prefill_chunk" => match value.as_u64() {
+            Some(n @ 1..=65536) => Ok((Some(n as usize), None)),
+            _ => Err(bad("an integer from 1 to 65536")),
+        },
+        "prefill_stall" => match value.as_f64() {
+            Some(x) if x >= 1.0 && x.is_finite() => Ok((None, Some(x))),
+            _ => Err(bad("a number >= 1")),
+        },
+        _ => Err(EngineError::new(ErrorCode::Unsupported, format!("unknown setting `{key}`"))),
     }
 }
 

@@ -35,6 +35,11 @@ pub struct Job {
 
 pub enum Command {
     Infer(Job),
+    /// New step settings (`set_config`); they apply from the next step.
+    Step {
+        prefill_chunk: Option<usize>,
+        prefill_stall: Option<f64>,
+    },
     Shutdown,
 }
 
@@ -159,6 +164,11 @@ impl Scheduler {
             Command::Infer(job) => {
                 self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
                 self.queue.push_back(job);
+                true
+            }
+            Command::Step { prefill_chunk, prefill_stall } => {
+                self.settings.prefill_chunk = prefill_chunk.unwrap_or(self.settings.prefill_chunk);
+                self.settings.prefill_stall = prefill_stall.unwrap_or(self.settings.prefill_stall);
                 true
             }
             Command::Shutdown => {

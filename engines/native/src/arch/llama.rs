@@ -6,7 +6,7 @@ use super::{BatchToken, Scratch};
 use crate::attention::{attend, AttentionShape, QueryPos};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
-use crate::kernels::linear::Linear;
+use crate::kernels::linear::{forward_many, Linear};
 use crate::kernels::ops::{add, rms_norm, silu_mul};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::rope::Rope;
@@ -92,9 +92,7 @@ impl Llama {
             AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
-            l.q.forward(&s.h, n, &mut s.q);
-            l.k.forward(&s.h, n, &mut s.k);
-            l.v.forward(&s.h, n, &mut s.v);
+            forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
             let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
             for (t, b) in batch.iter().enumerate() {
                 self.rope.apply(&mut s.q[t * qw..(t + 1) * qw], hd, b.pos);
@@ -109,8 +107,7 @@ impl Llama {
             l.o.forward(&s.attn, n, &mut s.o);
             add(&mut s.x, &s.o);
             rms_norm(&s.x, &l.post_norm, c.rms_eps, &mut s.h);
-            l.gate.forward(&s.h, n, &mut s.gate);
-            l.up.forward(&s.h, n, &mut s.up);
+            forward_many(&mut [(&l.gate, &mut s.gate), (&l.up, &mut s.up)], &s.h, n);
             silu_mul(&mut s.gate, &s.up);
             l.down.forward(&s.gate, n, &mut s.o);
             add(&mut s.x, &s.o);

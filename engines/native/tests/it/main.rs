@@ -1,0 +1,11 @@
+//! The native plugin through the host, as a node drives it. Needs the release plugin beside this
+//! test binary (`cargo test --release -p llmr-native-engine`) and the models of
+//! `scripts/fetch-models smollm2-hf smollm2-f16` (scripts/test does both); the agreement test
+//! also needs the release llama.cpp plugin (`cargo test --release -p llmr-llama-cpp -p
+//! llmr-native-engine` builds both).
+
+mod agreement;
+mod goldens;
+mod random_checkpoint;
+mod real_models;
+mod support;

@@ -1,0 +1,163 @@
+//! SmolLM2-135M-Instruct in Hugging Face layout (bf16, converted from the GGUF test model by
+//! `scripts/convert_gguf_hf.py`): real weights through the whole plugin.
+
+use crate::support::{cached_model, engine, spec};
+use llmr_engine_host::{EngineInstance, FinishReason, InferParams, InferResult, Sampling};
+use std::sync::OnceLock;
+
+const CHAT: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+
+/// An engine with SmolLM2 loaded as `smollm2`.
+fn smollm2(slots: u32) -> EngineInstance {
+    let e = engine(slots);
+    e.load_model(&spec("smollm2", &cached_model("smollm2-hf"))).unwrap();
+    e
+}
+
+/// The instance the tests that do not read instance-wide state share.
+fn shared() -> &'static EngineInstance {
+    static E: OnceLock<EngineInstance> = OnceLock::new();
+    E.get_or_init(|| smollm2(4))
+}
+
+fn greedy<'a>(id: u64, prompt: &'a str, max: u32) -> InferParams<'a> {
+    InferParams::new(id, "smollm2", prompt, Sampling { max_tokens: Some(max), ..Sampling::greedy() })
+}
+
+fn run(engine: &EngineInstance, p: &InferParams<'_>) -> (String, Vec<String>, InferResult) {
+    let mut pieces = Vec::new();
+    let res = engine
+        .infer(p, |t| {
+            pieces.push(t.text.to_string());
+            true
+        })
+        .unwrap();
+    (pieces.concat(), pieces, res)
+}
+
+#[test]
+fn the_chat_answer_is_right_and_greedy_decoding_repeats_it() {
+    let e = shared();
+    let (a, pieces, res) = run(e, &greedy(1, CHAT, 24));
+    let (b, _, _) = run(e, &greedy(2, CHAT, 24));
+    assert!(a.contains("Paris"), "{a:?}");
+    assert_eq!(a, b);
+    assert_eq!(res.finish_reason, FinishReason::Stop, "the model ends its short answer itself: {a:?}");
+    assert_eq!(pieces.len() as u32, res.completion_tokens, "one callback per sampled token");
+    let exact = e.tokenize("smollm2", CHAT, true, true).unwrap().len() as u32;
+    assert_eq!(res.prompt_tokens, exact, "usage comes from the tokenizer");
+    let info = e.model_info("smollm2").unwrap();
+    assert!(info.chat_template.as_deref().is_some_and(|t| t.contains("<|im_start|>")), "{info:?}");
+    assert_eq!(info.architecture.as_deref(), Some("llama"));
+}
+
+#[test]
+fn sequences_batched_together_answer_exactly_as_they_do_alone() {
+    let prompts = [
+        "Once upon a time, in a small village,",
+        "The three primary colors are",
+        "def fibonacci(n):",
+        "List of European capitals: Paris, Berlin,",
+    ];
+    let alone: Vec<String> = {
+        let e = smollm2(1);
+        prompts.iter().enumerate().map(|(i, p)| run(&e, &greedy(100 + i as u64, p, 24)).0).collect()
+    };
+    let e = smollm2(4);
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let e = &e;
+                s.spawn(move || run(e, &greedy(200 + i as u64, p, 24)).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together);
+    assert!(alone.iter().all(|t| !t.is_empty()));
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_gives_the_same_answer() {
+    let system = "<|im_start|>system\nYou are a meticulous assistant who answers in one short sentence, \
+                  names sources when it can, and never invents facts it does not know.<|im_end|>\n";
+    let first = format!("{system}<|im_start|>user\nWhat is the capital of Italy?<|im_end|>\n<|im_start|>assistant\n");
+    let second = format!("{system}<|im_start|>user\nWhat is the capital of Spain?<|im_end|>\n<|im_start|>assistant\n");
+    let fresh = {
+        let e = smollm2(1);
+        run(&e, &greedy(300, &second, 16))
+    };
+    let e = smollm2(1);
+    let (_, _, a) = run(&e, &greedy(301, &first, 16));
+    assert_eq!(a.cached_tokens, 0);
+    let (text, _, b) = run(&e, &greedy(302, &second, 16));
+    let shared_tokens = e.tokenize("smollm2", system, true, true).unwrap().len() as u32;
+    assert!(b.cached_tokens >= shared_tokens / 16 * 16 && b.cached_tokens > 0, "{b:?}, {shared_tokens} shared");
+    assert_eq!(b.cached_tokens % 16, 0, "whole blocks are shared");
+    assert_eq!(text, fresh.0, "a reused prefix must not change the answer");
+}
+
+#[test]
+fn stop_sequences_max_tokens_and_cancellation_end_a_generation() {
+    let e = shared();
+    let prompt = "Once upon a time, in a small village,";
+    let (full, _, res) = run(e, &greedy(400, prompt, 32));
+    assert_eq!((res.finish_reason, res.completion_tokens), (FinishReason::Length, 32));
+    let words: Vec<&str> = full.split(' ').collect();
+    assert!(words.len() > 8, "{full:?}");
+    let stop = format!("{} {}", words[5], words[6]);
+    let cut = full.find(&stop).unwrap();
+    let mut p = greedy(401, prompt, 32);
+    p.sampling.stop = vec![stop.clone()];
+    let (text, _, res) = run(e, &p);
+    assert_eq!(res.finish_reason, FinishReason::Stop);
+    assert_eq!(text, full[..cut], "stop {stop:?}");
+    // The host says stop after the third token: the engine stops and reports it.
+    let mut n = 0;
+    let res = e
+        .infer(&greedy(402, prompt, 32), |_| {
+            n += 1;
+            n < 3
+        })
+        .unwrap();
+    assert_eq!(res.finish_reason, FinishReason::Cancelled);
+    assert_eq!(n, 3, "no token after the one refused");
+}
+
+#[test]
+fn seeds_repeat_samples_and_logprobs_are_log_probabilities() {
+    let e = shared();
+    let mut p = InferParams::greedy(500, "smollm2", "Write a word:");
+    p.sampling.temperature = 0.9;
+    p.sampling.top_k = Some(40);
+    p.sampling.seed = Some(7);
+    p.sampling.max_tokens = Some(16);
+    let (a, _, _) = run(e, &p);
+    let (b, _, _) = run(e, &InferParams { request_id: 501, ..p.clone() });
+    assert_eq!(a, b);
+    let outputs: std::collections::HashSet<String> = (0..4)
+        .map(|i| {
+            let mut q = InferParams { request_id: 502 + i, ..p.clone() };
+            q.sampling.seed = Some(i);
+            run(e, &q).0
+        })
+        .collect();
+    assert!(outputs.len() > 1, "different seeds should differ: {outputs:?}");
+    let mut g = greedy(510, CHAT, 4);
+    g.sampling.logprobs = Some(3);
+    let mut seen = Vec::new();
+    e.infer(&g, |t| {
+        seen.push((t.token_id, t.logprob, t.top.clone()));
+        true
+    })
+    .unwrap();
+    assert!(!seen.is_empty());
+    for (id, lp, top) in &seen {
+        assert!(*lp <= 0.0 && lp.is_finite());
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0].token_id, *id, "greedy picks the most likely token");
+        assert!(top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
+    }
+}
