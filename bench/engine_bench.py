@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The llama.cpp plugin against llama.cpp's own tools, side by side, in one run.
+"""An engine plugin against llama.cpp's own tools, side by side, in one run.
 
 For each model: llama-bench (pp, tg) and llama-batched-bench (aggregate decode at several
 concurrencies) built from the llama-cpp-python sdist's vendored llama.cpp, and llmr's
@@ -7,7 +7,13 @@ engine-bench driving the plugin through the engine host. Runs alternate (referen
 reference, ours...) so slow drift of a shared machine hits both sides; medians are reported with
 the ratio llmr / reference.
 
-  bench/engine_bench.py [--models smollm2,gemma3] [--threads 2] [--rounds 3] [--smoke] [--write]
+  bench/engine_bench.py [--engine llama_cpp|native] [--models smollm2,gemma3] [--threads 2]
+                        [--rounds 3] [--smoke] [--write]
+
+--engine native runs the native plugin on the model's Hugging Face folder (`NAME-hf`, bf16
+safetensors) and the llama.cpp tools on the F16 GGUF holding the same values (`NAME-f16`), and
+adds Hugging Face transformers (torch, CPU) on the same folder when the reference venv exists
+(scripts/reference-venv; --no-transformers skips it).
 
 --write appends the table to bench/RESULTS.md with the date, commit, machine and command.
 """
@@ -28,6 +34,13 @@ MODELS = {
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
     "qwen2.5": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 }
+# The same weights for the native engine (folder) and for llama.cpp (F16 GGUF).
+NATIVE_MODELS = {
+    "smollm2": ("smollm2-hf", "smollm2-135m-instruct-f16.gguf"),
+    "gemma3": ("gemma3-hf", "gemma-3-270m-f16.gguf"),
+    "qwen2.5": ("qwen2.5-hf", "qwen2.5-coder-0.5b-instruct-f16.gguf"),
+}
+REFERENCE_PYTHON = Path.home() / ".cache/llmr/venv-reference/bin/python"
 
 
 def sh(cmd, **kw):
@@ -68,9 +81,9 @@ def batched_bench(tool, model, threads, npp, ntg, npl):
     return res
 
 
-def engine_bench(model, threads, pp, tg, reps, npp, ntg, npl):
+def engine_bench(engine, model, threads, pp, tg, reps, npp, ntg, npl):
     exe = target_dir() / "release/engine-bench"
-    out = sh([str(exe), "--plugin", str(REPO / "engines/llama_cpp/cpu"), "--model", model, "--threads", str(threads),
+    out = sh([str(exe), "--plugin", str(REPO / "engines" / engine / "cpu"), "--model", model, "--threads", str(threads),
               "--pp", str(pp), "--tg", str(tg), "--reps", str(reps), "--npp", str(npp), "--ntg", str(ntg),
               "--concurrency", ",".join(map(str, npl))])
     d = json.loads(out)
@@ -78,8 +91,16 @@ def engine_bench(model, threads, pp, tg, reps, npp, ntg, npl):
             "batch": {b["sequences"]: b["decode_tokens_per_s"] for b in d["batch"]}}
 
 
+def transformers_bench(folder, threads, pp, tg, reps):
+    out = sh([str(REFERENCE_PYTHON), str(REPO / "bench/transformers_bench.py"), folder, "--threads", str(threads),
+              "--pp", str(pp), "--tg", str(tg), "--reps", str(reps)])
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", default="llama_cpp", choices=["llama_cpp", "native"])
+    ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -95,43 +116,61 @@ def main():
     npl = [int(x) for x in a.npl.split(",")]
     npp, ntg = (32, 64) if not a.smoke else (8, 8)
 
-    sh(["cargo", "build", "--release", "-p", "llmr-llama-cpp", "-p", "llmr-bench"], cwd=REPO)
+    native = a.engine == "native"
+    sh(["cargo", "build", "--release", "-p", "llmr-llama-cpp", "-p", "llmr-native-engine", "-p", "llmr-bench"], cwd=REPO)
     sh([str(REPO / "scripts/install-engines")], cwd=REPO)
     tools = reference_tools()
     cache = Path(os.environ.get("LLMR_MODEL_CACHE", Path.home() / ".cache/llmr/models"))
     names = a.models.split(",")
-    sh([str(REPO / "scripts/fetch-models"), *names])
+    fetch = [f"{n}{s}" for n in names for s in ("-hf", "-f16")] if native else names
+    sh([str(REPO / "scripts/fetch-models"), *fetch])
+    with_hf = native and not a.no_transformers and REFERENCE_PYTHON.exists()
 
     lines = []
     for name in names:
-        model = str(cache / MODELS[name])
+        if native:
+            ours_model, ref_model = (str(cache / f) for f in NATIVE_MODELS[name])
+        else:
+            ours_model = ref_model = str(cache / MODELS[name])
         ref = {"pp": [], "tg": [], "batch": {n: [] for n in npl}}
         ours = {"pp": [], "tg": [], "batch": {n: [] for n in npl}}
+        hf = {"pp": [], "tg": []}
         for r in range(a.rounds):
             print(f"[{name}] round {r + 1}/{a.rounds}", file=sys.stderr)
-            lb = llama_bench(tools["llama-bench"], model, a.threads, a.pp, a.tg, a.reps)
+            lb = llama_bench(tools["llama-bench"], ref_model, a.threads, a.pp, a.tg, a.reps)
             ref["pp"].append(lb["pp"]); ref["tg"].append(lb["tg"])
-            eb = engine_bench(model, a.threads, a.pp, a.tg, a.reps, npp, ntg, npl)
+            eb = engine_bench(a.engine, ours_model, a.threads, a.pp, a.tg, a.reps, npp, ntg, npl)
             ours["pp"].append(eb["pp"]); ours["tg"].append(eb["tg"])
-            bb = batched_bench(tools["llama-batched-bench"], model, a.threads, npp, ntg, npl)
+            bb = batched_bench(tools["llama-batched-bench"], ref_model, a.threads, npp, ntg, npl)
             for n in npl:
                 ref["batch"][n].append(bb[n])
                 ours["batch"][n].append(eb["batch"][n])
+            if with_hf:
+                tb = transformers_bench(ours_model, a.threads, a.pp, a.tg, max(1, a.reps // 2))
+                hf["pp"].append(tb["pp"]); hf["tg"].append(tb["tg"])
         med = statistics.median
-        rows = [(f"pp{a.pp} (tok/s)", med(ref["pp"]), med(ours["pp"])),
-                (f"tg{a.tg} (tok/s)", med(ref["tg"]), med(ours["tg"]))]
-        rows += [(f"decode, {n} seq (total tok/s)", med(ref["batch"][n]), med(ours["batch"][n])) for n in npl]
-        lines.append(f"\n**{MODELS[name]}**, {a.threads} threads, median of {a.rounds} rounds\n")
-        lines.append("| figure | llama.cpp | llmr plugin | llmr / llama.cpp |")
-        lines.append("|---|---:|---:|---:|")
-        for label, rv, ov in rows:
-            lines.append(f"| {label} | {rv:.1f} | {ov:.1f} | {ov / rv:.3f} |")
+        rows = [(f"pp{a.pp} (tok/s)", med(ref["pp"]), med(ours["pp"]), "pp"),
+                (f"tg{a.tg} (tok/s)", med(ref["tg"]), med(ours["tg"]), "tg")]
+        rows += [(f"decode, {n} seq (total tok/s)", med(ref["batch"][n]), med(ours["batch"][n]), None) for n in npl]
+        shown = Path(ref_model).name if not native else f"{Path(ours_model).name} (llama.cpp: {Path(ref_model).name})"
+        lines.append(f"\n**{shown}**, {a.threads} threads, median of {a.rounds} rounds\n")
+        if with_hf:
+            lines.append("| figure | llama.cpp | llmr plugin | llmr / llama.cpp | transformers | llmr / transformers |")
+            lines.append("|---|---:|---:|---:|---:|---:|")
+        else:
+            lines.append("| figure | llama.cpp | llmr plugin | llmr / llama.cpp |")
+            lines.append("|---|---:|---:|---:|")
+        for label, rv, ov, key in rows:
+            line = f"| {label} | {rv:.1f} | {ov:.1f} | {ov / rv:.3f} |"
+            if with_hf:
+                line += f" {med(hf[key]):.1f} | {ov / med(hf[key]):.2f} |" if key else " | |"
+            lines.append(line)
 
     commit = sh(["git", "rev-parse", "--short", "HEAD"], cwd=REPO).strip()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
     header = (f"\n### {datetime.date.today()} · commit {commit} · {cpu}, {os.cpu_count()} cores\n\n"
               f"Reference: {tools.get('version', '?')} (tools built by bench/reference/build.sh); "
-              f"plugin: {tools.get('plugin_llama_cpp_version', 'llama-cpp-sys-2 0.1.161')}.\n"
+              f"plugin: {a.engine} ({'bf16 safetensors; llama.cpp on the F16 GGUF of the same values' if native else tools.get('plugin_llama_cpp_version', 'llama-cpp-sys-2 0.1.161')}).\n"
               f"Command: `bench/engine_bench.py {' '.join(sys.argv[1:])}`\n"
               "Reference pp/tg: llama-bench; reference decode: llama-batched-bench S_TG "
               f"(npp {npp}, ntg {ntg}); llmr: bench/src/engine_bench.rs through the engine host.\n")

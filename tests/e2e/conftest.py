@@ -33,9 +33,11 @@ import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Alias -> file name in the model cache (scripts/fetch-models smollm2 qwen2.5 minilm).
+# Alias -> file (or model folder) name in the model cache (scripts/fetch-models smollm2 qwen2.5
+# minilm). LLMR_E2E_SMOLLM2 swaps the default model, e.g. `smollm2-hf` runs the suite on the same
+# model in Hugging Face layout through the native engine.
 MODEL_FILES = {
-    "smollm2": "smollm2-135m-instruct-q4_1.gguf",
+    "smollm2": os.environ.get("LLMR_E2E_SMOLLM2", "smollm2-135m-instruct-q4_1.gguf"),
     "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "minilm": "all-minilm-l6-v2-f16.gguf",
 }
@@ -85,7 +87,7 @@ def check_prerequisites(models: list[str]) -> None:
         pytest.fail(f"no engine plugin under {engines_dir()}: run scripts/install-engines", pytrace=False)
     for alias in models:
         path = model_cache() / MODEL_FILES[alias]
-        if not path.is_file():
+        if not path.exists():
             pytest.fail(
                 f"model file {path} is missing: run `scripts/fetch-models {FETCH_NAMES[alias]}` "
                 "(or set LLMR_MODEL_CACHE to the folder holding it)",

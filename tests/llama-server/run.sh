@@ -59,7 +59,8 @@ urllib3==2.8.0"
 
 # --- the selection -----------------------------------------------------------------------------------
 # Each group: one llmr server (model aliases and options) and the node ids run against it.
-SMOLLM2=smollm2-135m-instruct-q4_1.gguf
+# LLMR_SMOLLM2=smollm2-hf runs the suite on the same model in Hugging Face layout (native engine).
+SMOLLM2=${LLMR_SMOLLM2:-smollm2-135m-instruct-q4_1.gguf}
 MINILM=all-minilm-l6-v2-f16.gguf
 
 # "tinyllama-2" is the alias of the suite's default preset; 256 tokens per request and 2 slots are
@@ -151,7 +152,7 @@ case "$CACHE/" in "$REPO_ROOT/"*) die "the cache ($CACHE) must be outside the re
 [[ -x $LLMR ]] || die "the llmr binary $LLMR is missing: run 'cargo build -p llmr' (or set LLMR_BIN)"
 compgen -G "$ENGINES/*/*/manifest.json" >/dev/null || die "no engine plugin under $ENGINES: run scripts/install-engines"
 for f in "$SMOLLM2" "$MINILM"; do
-    [[ -f $MODEL_CACHE/$f ]] || die "model $MODEL_CACHE/$f is missing: run 'scripts/fetch-models smollm2 minilm' (or set LLMR_MODEL_CACHE)"
+    [[ -e $MODEL_CACHE/$f ]] || die "model $MODEL_CACHE/$f is missing: run 'scripts/fetch-models smollm2 minilm' (or set LLMR_MODEL_CACHE)"
 done
 command -v python3 >/dev/null || die "python3 is required"
 for tool in tar sha256sum; do command -v $tool >/dev/null || die "'$tool' is required"; done

@@ -7,13 +7,19 @@
 //! prefill reuses the widened tile across the chunk. Several projections of the same input
 //! (q/k/v, gate/up) run as one parallel call ([`forward_many`]): fewer thread wake-ups per layer.
 
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
 use crate::checkpoint::{DType, TensorView};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-/// Weight rows widened together (a tile is `TILE x in` f32 values).
+/// Weight rows a decode task computes together (the AVX2 kernels take four rows at a time).
 const TILE: usize = 4;
+/// From this many input rows on, a task widens a panel of `PANEL` weight rows to f32 and runs a
+/// GEMM over it; below, the dot-product kernels read the weights as stored.
+const GEMM_MIN_ROWS: usize = 8;
+const PANEL: usize = 32;
 
 pub struct Linear {
     weight: TensorView,
@@ -60,6 +66,33 @@ impl Linear {
         }
     }
 
+    /// Output rows `r0..r1` for every input row: AVX2 kernels reading the weights as stored
+    /// where the CPU has them, else a portable loop over a widened copy.
+    fn rows_into(&self, r0: usize, r1: usize, x: &[f32], n: usize, out: Out, scratch: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            let (size, cols) = (self.weight.dtype.size(), self.cols);
+            let bytes = &self.weight.bytes()[r0 * cols * size..r1 * cols * size];
+            // SAFETY: simd() checked AVX2, FMA and F16C; the slices hold (r1 - r0) rows.
+            unsafe {
+                match self.weight.dtype {
+                    DType::BF16 => {
+                        rows_simd::<half::bf16>(bytemuck::cast_slice(bytes), r1 - r0, cols, x, n, self.rows, r0, out)
+                    }
+                    DType::F16 => {
+                        rows_simd::<f16>(bytemuck::cast_slice(bytes), r1 - r0, cols, x, n, self.rows, r0, out)
+                    }
+                    DType::F32 => {
+                        rows_simd::<f32>(bytemuck::cast_slice(bytes), r1 - r0, cols, x, n, self.rows, r0, out)
+                    }
+                }
+            }
+            return;
+        }
+        self.widen(r0, r1, scratch);
+        tile(scratch, r1 - r0, self.cols, x, n, self.rows, r0, out);
+    }
+
     /// The weight row `r` as f32 (embedding lookups).
     pub fn row(&self, r: usize, dst: &mut [f32]) {
         self.widen(r, r + 1, dst);
@@ -79,6 +112,7 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
     let cols = jobs[0].0.cols;
     debug_assert!(jobs.iter().all(|(l, _)| l.cols == cols) && x.len() == n * cols);
     // Every job's first tile, its weight and its output.
+    let tile_rows = if n >= GEMM_MIN_ROWS { PANEL } else { TILE };
     let (mut starts, mut linears, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     let mut tiles = 0;
     for (l, y) in jobs.iter_mut() {
@@ -87,19 +121,23 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
         starts.push(tiles);
         linears.push(*l);
         outs.push(Out(y.as_mut_ptr()));
-        tiles += l.rows.div_ceil(TILE);
+        tiles += l.rows.div_ceil(tile_rows);
     }
     // Enough tasks to balance, few enough that each amortises its scheduling.
     let per_task = (tiles / (rayon::current_num_threads() * 4)).max(1);
     (0..tiles).into_par_iter().with_min_len(per_task).for_each_init(
-        || vec![0f32; TILE * cols],
+        || vec![0f32; tile_rows * cols],
         |scratch, tile| {
             let j = starts.partition_point(|&s| s <= tile) - 1;
             let (l, out) = (linears[j], outs[j]);
-            let r0 = (tile - starts[j]) * TILE;
-            let r1 = (r0 + TILE).min(l.rows);
-            l.widen(r0, r1, scratch);
-            dispatch(scratch, r1 - r0, cols, x, n, l.rows, r0, out);
+            let r0 = (tile - starts[j]) * tile_rows;
+            let r1 = (r0 + tile_rows).min(l.rows);
+            if n >= GEMM_MIN_ROWS {
+                l.widen(r0, r1, scratch);
+                panel_gemm(&scratch[..(r1 - r0) * cols], r1 - r0, cols, x, n, l.rows, r0, out);
+            } else {
+                l.rows_into(r0, r1, x, n, out, scratch);
+            }
             if let Some(b) = &l.bias {
                 for t in 0..n {
                     for (r, bias) in b.iter().enumerate().take(r1).skip(r0) {
@@ -112,66 +150,115 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
     );
 }
 
-/// Picks the widest vector code the CPU runs.
+/// `out[t, r0 + r] = x[t] · w[r]` for the `nr` widened rows of `w` and all `n` inputs.
 #[allow(clippy::too_many_arguments)]
-fn dispatch(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        unsafe { tile_avx2(w, nr, cols, x, n, rows, r0, out) };
+fn panel_gemm(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
+    debug_assert!(w.len() == nr * cols && x.len() == n * cols);
+    // SAFETY: dst (t, r) = out + t * rows + r0 + r stays inside this task's rows of an n x rows
+    // output; lhs (t, c) = x[t * cols + c] and rhs (c, r) = w[r * cols + c] stay inside x and w.
+    unsafe {
+        gemm::gemm(
+            n,
+            nr,
+            cols,
+            out.0.add(r0),
+            1,
+            rows as isize,
+            false,
+            x.as_ptr(),
+            1,
+            cols as isize,
+            w.as_ptr(),
+            cols as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Whether the AVX2 kernels can run (the answer is cached by the standard library).
+#[cfg(target_arch = "x86_64")]
+fn simd() -> bool {
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+}
+
+/// [`tile`] with the AVX2 kernels, reading `nr` weight rows `w` as stored.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `w` holds `nr x cols` values.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_simd<W: avx2::Weight>(
+    w: &[W],
+    nr: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    rows: usize,
+    r0: usize,
+    out: Out,
+) {
+    let input = |t: usize| &x[t * cols..(t + 1) * cols];
+    // SAFETY (every write below): row r0 + i belongs to this task and t < n.
+    let put = |t: usize, i: usize, v: f32| unsafe { *out.0.add(t * rows + r0 + i) = v };
+    if nr < TILE {
+        for t in 0..n {
+            for i in 0..nr {
+                // SAFETY: the caller checked the CPU; w holds nr rows.
+                put(t, i, unsafe { avx2::dot(input(t), &w[i * cols..(i + 1) * cols]) });
+            }
+        }
         return;
     }
-    tile::<false>(w, nr, cols, x, n, rows, r0, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx2(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
-    tile::<true>(w, nr, cols, x, n, rows, r0, out)
-}
-
-/// `a * b + c`, fused where the caller was compiled for FMA (a libm call otherwise).
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
+    let mut t = 0;
+    while t + 2 <= n {
+        // SAFETY: as above; w holds TILE rows.
+        let d = unsafe { avx2::dot4x2(input(t), input(t + 1), w) };
+        for (j, row) in d.into_iter().enumerate() {
+            for (i, v) in row.into_iter().enumerate() {
+                put(t + j, i, v);
+            }
+        }
+        t += 2;
+    }
+    if t < n {
+        // SAFETY: as above.
+        let d = unsafe { avx2::dot4(input(t), w) };
+        for (i, v) in d.into_iter().enumerate() {
+            put(t, i, v);
+        }
     }
 }
 
-/// Dot products of `nr` widened weight rows with every input row, written to the output.
-#[inline(always)]
+/// Dot products of `nr` widened weight rows with every input row, written to the output
+/// (the portable path).
 #[allow(clippy::too_many_arguments)]
-fn tile<const FMA: bool>(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
+fn tile(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
     for t in 0..n {
         let xt = &x[t * cols..(t + 1) * cols];
-        if nr == TILE {
-            let d = dot4::<FMA>(xt, &w[..cols], &w[cols..2 * cols], &w[2 * cols..3 * cols], &w[3 * cols..4 * cols]);
-            for (i, v) in d.into_iter().enumerate() {
-                // SAFETY: row r0 + i belongs to this task; t < n.
-                unsafe { *out.0.add(t * rows + r0 + i) = v };
-            }
-        } else {
-            for i in 0..nr {
-                let v = dot::<FMA>(xt, &w[i * cols..(i + 1) * cols]);
-                // SAFETY: as above.
-                unsafe { *out.0.add(t * rows + r0 + i) = v };
-            }
+        for i in 0..nr {
+            let v = dot(xt, &w[i * cols..(i + 1) * cols]);
+            // SAFETY: row r0 + i belongs to this task; t < n.
+            unsafe { *out.0.add(t * rows + r0 + i) = v };
         }
     }
 }
 
 const LANES: usize = 8;
 
-#[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let main = a.len() / LANES * LANES;
     for (x, y) in a[..main].chunks_exact(LANES).zip(b[..main].chunks_exact(LANES)) {
         for j in 0..LANES {
-            acc[j] = madd::<FMA>(x[j], y[j], acc[j]);
+            acc[j] += x[j] * y[j];
         }
     }
     let mut s: f32 = acc.iter().sum();
@@ -181,50 +268,80 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Four dot products sharing the loads of `x`.
-#[inline(always)]
-fn dot4<const FMA: bool>(x: &[f32], w0: &[f32], w1: &[f32], w2: &[f32], w3: &[f32]) -> [f32; 4] {
-    let mut acc = [[0f32; LANES]; 4];
-    let main = x.len() / LANES * LANES;
-    for k in (0..main).step_by(LANES) {
-        let xs = &x[k..k + LANES];
-        let ws = [&w0[k..k + LANES], &w1[k..k + LANES], &w2[k..k + LANES], &w3[k..k + LANES]];
-        for r in 0..4 {
-            for j in 0..LANES {
-                acc[r][j] = madd::<FMA>(xs[j], ws[r][j], acc[r][j]);
-            }
-        }
-    }
-    let mut s = [0f32; 4];
-    for r in 0..4 {
-        s[r] = acc[r].iter().sum();
-    }
-    let w = [w0, w1, w2, w3];
-    for k in main..x.len() {
-        for r in 0..4 {
-            s[r] += x[k] * w[r][k];
-        }
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_vector_paths_match_a_plain_dot_product() {
+    fn the_vector_kernels_match_a_plain_dot_product_for_every_type() {
         let cols = 37; // not a multiple of the lanes
         let w: Vec<f32> = (0..TILE * cols).map(|i| ((i * 7) as f32 * 0.13).sin()).collect();
         let x: Vec<f32> = (0..2 * cols).map(|i| ((i * 3) as f32 * 0.29).cos()).collect();
+        let want =
+            |t: usize, r: usize, w: &[f32]| -> f32 { (0..cols).map(|k| x[t * cols + k] * w[r * cols + k]).sum() };
         for nr in [TILE, 3] {
             let mut y = vec![0f32; 2 * 8];
-            dispatch(&w, nr, cols, &x, 2, 8, 4, Out(y.as_mut_ptr()));
+            tile(&w, nr, cols, &x, 2, 8, 4, Out(y.as_mut_ptr()));
+            // Three inputs on the vector path: a pair and a single.
+            #[cfg(target_arch = "x86_64")]
+            if simd() {
+                let x3: Vec<f32> = (0..3 * cols).map(|i| ((i * 3) as f32 * 0.29).cos()).collect();
+                let mut y3 = vec![0f32; 3 * 8];
+                // SAFETY: simd() checked the CPU.
+                unsafe { rows_simd(&w, nr, cols, &x3, 3, 8, 4, Out(y3.as_mut_ptr())) };
+                for t in 0..3 {
+                    for r in 0..nr {
+                        let want: f32 = (0..cols).map(|k| x3[t * cols + k] * w[r * cols + k]).sum();
+                        assert!((y3[t * 8 + 4 + r] - want).abs() < 1e-4, "t {t} r {r}");
+                    }
+                }
+            }
             for t in 0..2 {
                 for r in 0..nr {
-                    let want: f32 = (0..cols).map(|k| x[t * cols + k] * w[r * cols + k]).sum();
-                    let got = y[t * 8 + 4 + r];
-                    assert!((got - want).abs() < 1e-4, "nr {nr} t {t} r {r}: {got} vs {want}");
+                    assert!((y[t * 8 + 4 + r] - want(t, r, &w)).abs() < 1e-4);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if simd() {
+                let bf: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                let wb: Vec<f32> = bf.iter().map(|v| v.to_f32()).collect();
+                let hf: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+                let wh: Vec<f32> = hf.iter().map(|v| v.to_f32()).collect();
+                let mut y = vec![0f32; 2 * 8];
+                // SAFETY: simd() checked the CPU.
+                unsafe { rows_simd(&bf, nr, cols, &x, 2, 8, 4, Out(y.as_mut_ptr())) };
+                let mut z = vec![0f32; 2 * 8];
+                // SAFETY: as above.
+                unsafe { rows_simd(&hf, nr, cols, &x, 2, 8, 4, Out(z.as_mut_ptr())) };
+                let mut f = vec![0f32; 2 * 8];
+                // SAFETY: as above.
+                unsafe { rows_simd(&w, nr, cols, &x, 2, 8, 4, Out(f.as_mut_ptr())) };
+                for t in 0..2 {
+                    for r in 0..nr {
+                        assert!((y[t * 8 + 4 + r] - want(t, r, &wb)).abs() < 1e-4, "bf16");
+                        assert!((z[t * 8 + 4 + r] - want(t, r, &wh)).abs() < 1e-4, "f16");
+                        assert!((f[t * 8 + 4 + r] - want(t, r, &w)).abs() < 1e-4, "f32");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_prefill_gemm_writes_each_task_its_own_rows() {
+        let (cols, nr, n, rows, r0) = (37, 5, 11, 12, 6);
+        let w: Vec<f32> = (0..nr * cols).map(|i| ((i * 5) as f32 * 0.17).sin()).collect();
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 11) as f32 * 0.07).cos()).collect();
+        let mut y = vec![f32::NAN; n * rows];
+        panel_gemm(&w, nr, cols, &x, n, rows, r0, Out(y.as_mut_ptr()));
+        for t in 0..n {
+            for r in 0..rows {
+                let got = y[t * rows + r];
+                if (r0..r0 + nr).contains(&r) {
+                    let want: f32 = (0..cols).map(|k| x[t * cols + k] * w[(r - r0) * cols + k]).sum();
+                    assert!((got - want).abs() < 1e-4, "t {t} r {r}: {got} vs {want}");
+                } else {
+                    assert!(got.is_nan(), "row {r} belongs to another task");
                 }
             }
         }

@@ -1,0 +1,167 @@
+//! AVX2 + FMA dot products of f32 activations with weight rows as stored (bf16, f16 or f32),
+//! widening eight weights at a time in registers: the weights are read once, straight from the
+//! mapped file, with no f32 copy. Callers check the CPU (`is_x86_feature_detected!`) first.
+
+use std::arch::x86_64::*;
+
+/// A weight element type this kernel reads.
+pub trait Weight: Copy {
+    /// Eight values at `p` as f32.
+    ///
+    /// # Safety
+    /// `p..p+8` must be readable; the CPU must have AVX2 and F16C.
+    unsafe fn load8(p: *const Self) -> __m256;
+    fn to_f32(self) -> f32;
+}
+
+impl Weight for half::bf16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: the caller guarantees eight readable values and AVX2.
+        unsafe {
+            let v = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+        }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+impl Weight for half::f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: as above; F16C comes with every AVX2 CPU the dispatcher accepts.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> __m256 {
+        // SAFETY: as above.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only operations; the caller runs with AVX.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Dot products of `x` with the four rows `w[0..k]`, `w[k..2k]`, `w[2k..3k]`, `w[3k..4k]`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `w` must hold `4 * x.len()` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot4<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
+    let k = x.len();
+    assert!(w.len() >= 4 * k);
+    let main = k / 8 * 8;
+    let (xp, wp) = (x.as_ptr(), w.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 <= main <= k, and every row has k values (asserted above). Prefetching
+        // an address past the slice is allowed (it never faults).
+        unsafe {
+            if i % 32 == 0 {
+                for r in 0..4 {
+                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
+                }
+            }
+            let xv = _mm256_loadu_ps(xp.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(xv, W::load8(wp.add(r * k + i)), *a);
+            }
+        }
+        i += 8;
+    }
+    // SAFETY: register-only.
+    let mut out = acc.map(|a| unsafe { hsum(a) });
+    for i in main..k {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o += x[i] * w[r * k + i].to_f32();
+        }
+    }
+    out
+}
+
+/// Dot products of two input rows `x0`, `x1` with the four weight rows of `w` (as [`dot4`]):
+/// each weight load serves both inputs, which is what makes prefill compute-bound instead of
+/// load-bound.
+///
+/// # Safety
+/// As [`dot4`]; `x0` and `x1` have the same length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W]) -> [[f32; 4]; 2] {
+    let k = x0.len();
+    assert!(x1.len() == k && w.len() >= 4 * k);
+    let main = k / 8 * 8;
+    let wp = w.as_ptr();
+    let mut a0 = [_mm256_setzero_ps(); 4];
+    let mut a1 = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 <= k; every row and both inputs hold k values.
+        unsafe {
+            let x0v = _mm256_loadu_ps(x0.as_ptr().add(i));
+            let x1v = _mm256_loadu_ps(x1.as_ptr().add(i));
+            for r in 0..4 {
+                let wv = W::load8(wp.add(r * k + i));
+                a0[r] = _mm256_fmadd_ps(x0v, wv, a0[r]);
+                a1[r] = _mm256_fmadd_ps(x1v, wv, a1[r]);
+            }
+        }
+        i += 8;
+    }
+    // SAFETY: register-only.
+    let mut out = [a0.map(|a| unsafe { hsum(a) }), a1.map(|a| unsafe { hsum(a) })];
+    for i in main..k {
+        for r in 0..4 {
+            let wv = w[r * k + i].to_f32();
+            out[0][r] += x0[i] * wv;
+            out[1][r] += x1[i] * wv;
+        }
+    }
+    out
+}
+
+/// The dot product of `x` with one row `w[0..k]`.
+///
+/// # Safety
+/// As [`dot4`], with `w` holding `x.len()` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot<W: Weight>(x: &[f32], w: &[W]) -> f32 {
+    let k = x.len();
+    assert!(w.len() >= k);
+    let main = k / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 <= k and both slices hold k values.
+        unsafe { acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i)), W::load8(w.as_ptr().add(i)), acc) };
+        i += 8;
+    }
+    // SAFETY: register-only.
+    let mut s = unsafe { hsum(acc) };
+    for i in main..k {
+        s += x[i] * w[i].to_f32();
+    }
+    s
+}
