@@ -5,6 +5,7 @@
 //! llmr-native-engine` builds both).
 
 mod agreement;
+mod bad_input;
 mod goldens;
 mod random_checkpoint;
 mod real_models;
