@@ -9,8 +9,10 @@ use rayon::prelude::*;
 /// Where one query of the batch attends.
 pub struct QueryPos<'a> {
     pub table: &'a BlockTable,
-    /// The query's position: it sees positions `0..=pos`.
+    /// The query's position: it sees positions `first..=pos`.
     pub pos: usize,
+    /// The first position it sees: 0, or `pos + 1 - window` in a sliding-window layer.
+    pub first: usize,
 }
 
 pub struct AttentionShape {
@@ -38,28 +40,35 @@ pub fn attend(
         |(block, scores), (i, out)| {
             let (t, kv) = (i / shape.kv_heads, i % shape.kv_heads);
             let query = &queries[t];
-            let seen = query.pos + 1;
+            // Positions first..seen; scores are indexed from `first`.
+            let (first, seen) = (query.first, query.pos + 1);
+            debug_assert!(first < seen);
+            let len = seen - first;
             let qs = &q[t * shape.heads * hd + kv * unit..][..unit];
             scores.clear();
-            scores.resize(group * seen, 0.0);
+            scores.resize(group * len, 0.0);
             // Scores, one block of keys at a time.
             for (b, &id) in query.table.blocks.iter().enumerate() {
                 let start = b * BLOCK_TOKENS;
                 if start >= seen {
                     break;
                 }
+                if start + BLOCK_TOKENS <= first {
+                    continue;
+                }
+                let lo = first.saturating_sub(start);
                 let n = (seen - start).min(BLOCK_TOKENS);
                 let LayerBlock::F16 { k, .. } = pool.layer(id, layer);
-                k[kv * BLOCK_TOKENS * hd..][..n * hd].convert_to_f32_slice(&mut block[..n * hd]);
+                k[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
                 for g in 0..group {
                     let qg = &qs[g * hd..(g + 1) * hd];
-                    for s in 0..n {
-                        scores[g * seen + start + s] = dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale;
+                    for s in lo..n {
+                        scores[g * len + start + s - first] = dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale;
                     }
                 }
             }
             for g in 0..group {
-                softmax(&mut scores[g * seen..(g + 1) * seen]);
+                softmax(&mut scores[g * len..(g + 1) * len]);
             }
             out.fill(0.0);
             for (b, &id) in query.table.blocks.iter().enumerate() {
@@ -67,13 +76,17 @@ pub fn attend(
                 if start >= seen {
                     break;
                 }
+                if start + BLOCK_TOKENS <= first {
+                    continue;
+                }
+                let lo = first.saturating_sub(start);
                 let n = (seen - start).min(BLOCK_TOKENS);
                 let LayerBlock::F16 { v, .. } = pool.layer(id, layer);
-                v[kv * BLOCK_TOKENS * hd..][..n * hd].convert_to_f32_slice(&mut block[..n * hd]);
+                v[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
                 for g in 0..group {
                     let og = &mut out[g * hd..(g + 1) * hd];
-                    for s in 0..n {
-                        let w = scores[g * seen + start + s];
+                    for s in lo..n {
+                        let w = scores[g * len + start + s - first];
                         for (o, x) in og.iter_mut().zip(&block[s * hd..(s + 1) * hd]) {
                             *o += w * x;
                         }
@@ -151,17 +164,19 @@ mod tests {
             }
         }
         let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-        // Two queries: one at the end, one in the middle of the second block.
-        let positions = [len - 1, 20];
-        let queries: Vec<QueryPos<'_>> = positions.iter().map(|&pos| QueryPos { table: &table, pos }).collect();
-        let q: Vec<f32> = (0..2 * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
+        // (first, pos): one query at the end, one in the middle of the second block, and two
+        // sliding-window queries (from the middle of a block, and from a block's start).
+        let positions = [(0, len - 1), (0, 20), (13, 36), (16, 30)];
+        let queries: Vec<QueryPos<'_>> =
+            positions.iter().map(|&(first, pos)| QueryPos { table: &table, pos, first }).collect();
+        let q: Vec<f32> = (0..positions.len() * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
         let mut out = vec![0.0; q.len()];
         attend(&pool, 0, &shape, &queries, &q, &mut out);
-        for (t, &pos) in positions.iter().enumerate() {
+        for (t, &(first, pos)) in positions.iter().enumerate() {
             for h in 0..heads {
                 let kv = h / (heads / kv_heads);
                 let qh = &q[(t * heads + h) * hd..][..hd];
-                let want = reference(qh, &keys[kv][..=pos], &values[kv][..=pos], shape.scale);
+                let want = reference(qh, &keys[kv][first..=pos], &values[kv][first..=pos], shape.scale);
                 let got = &out[(t * heads + h) * hd..][..hd];
                 for (a, b) in got.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "token {t} head {h}: {got:?} vs {want:?}");

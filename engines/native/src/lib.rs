@@ -151,7 +151,9 @@ impl Engine for NativeEngine {
         }
         let started = Instant::now();
         let config = ModelConfig::read(&desc.model_dir.join("config.json")).map_err(|e| match e {
-            ConfigError::Unsupported(_) => EngineError::new(ErrorCode::Unsupported, e.to_string()),
+            ConfigError::Unsupported(_) | ConfigError::UnsupportedVariant(_) => {
+                EngineError::new(ErrorCode::Unsupported, e.to_string())
+            }
             _ => EngineError::load_failed(e.to_string()),
         })?;
         let checkpoint = Checkpoint::open(&desc.primary_file).map_err(corrupt)?;

@@ -2,7 +2,7 @@
 //! rotary positions and a SwiGLU MLP, RMS norms, optionally tied embeddings; qwen2 adds biases
 //! to the q/k/v projections.
 
-use super::{BatchToken, Scratch};
+use super::{linear, vector, BatchToken, Scratch};
 use crate::attention::{attend, AttentionShape, QueryPos};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
@@ -31,16 +31,6 @@ pub struct Llama {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     rope: Rope,
-}
-
-fn linear(ck: &Checkpoint, name: &str, rows: usize, cols: usize, bias: bool) -> Result<Linear, CheckpointError> {
-    let w = ck.get(&format!("{name}.weight"), &[rows, cols])?;
-    let b = if bias { Some(ck.get(&format!("{name}.bias"), &[rows])?.to_f32()) } else { None };
-    Ok(Linear::new(w, b))
-}
-
-fn vector(ck: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>, CheckpointError> {
-    Ok(ck.get(name, &[len])?.to_f32())
 }
 
 impl Llama {
@@ -88,8 +78,7 @@ impl Llama {
         for (t, b) in batch.iter().enumerate() {
             self.embed.row(b.token as usize, &mut s.x[t * d..(t + 1) * d]);
         }
-        let shape =
-            AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
             forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
@@ -100,7 +89,7 @@ impl Llama {
                 pool.write(tables[b.seq], li, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
             }
             let queries: Vec<QueryPos<'_>> =
-                batch.iter().map(|b| QueryPos { table: tables[b.seq], pos: b.pos }).collect();
+                batch.iter().map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: 0 }).collect();
             s.attn.clear();
             s.attn.resize(n * qw, 0.0);
             attend(pool, li, &shape, &queries, &s.q, &mut s.attn);

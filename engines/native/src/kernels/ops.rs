@@ -2,14 +2,41 @@
 
 /// RMS norm of each `dim`-wide row of `x` into `out`, scaled by `weight` (`x / rms * w`).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+    norm_rows(x, weight, 0.0, eps, out);
+}
+
+/// Gemma's RMS norm (`Gemma3RMSNorm`): `x / rms * (1 + w)`, the weights stored zero-centred;
+/// in f32 as transformers computes it (`(x / rms)` first, then times `1 + w`).
+pub fn rms_norm_gemma(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
+    norm_rows(x, weight, 1.0, eps, out);
+}
+
+/// [`rms_norm_gemma`] in place: Gemma's q/k norms, one row per head.
+pub fn rms_norm_gemma_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for row in x.chunks_exact_mut(dim) {
+        let scale = inv_rms(row, eps);
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = *v * scale * (1.0 + w);
+        }
+    }
+}
+
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+    1.0 / (mean_sq + eps).sqrt()
+}
+
+/// `out = x / rms * (offset + w)` per row; `offset` is 0 or 1, exact, so `offset + w` is `w`
+/// for the plain norm.
+fn norm_rows(x: &[f32], weight: &[f32], offset: f32, eps: f32, out: &mut Vec<f32>) {
     let dim = weight.len();
     out.clear();
     out.resize(x.len(), 0.0);
     for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let scale = 1.0 / (mean_sq + eps).sqrt();
+        let scale = inv_rms(row, eps);
         for ((o, v), w) in o.iter_mut().zip(row).zip(weight) {
-            *o = v * scale * w;
+            *o = v * scale * (offset + w);
         }
     }
 }
@@ -18,6 +45,37 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut Vec<f32>) {
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// PyTorch's `gelu(x, approximate="tanh")` (`gelu_pytorch_tanh`):
+/// `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
+pub fn gelu_tanh(x: f32) -> f32 {
+    // sqrt(2/pi), as PyTorch's kernel forms it (M_SQRT2 * M_2_SQRTPI * 0.5).
+    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+    const KAPPA: f32 = 0.044715;
+    let inner = BETA * (x + KAPPA * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `gate = gelu_tanh(gate) * up`, in place (the GeGLU of Gemma's MLP).
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// Logit soft-capping, in place: `x = cap · tanh(x / cap)` (`final_logit_softcapping`).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
     }
 }
 
@@ -40,6 +98,67 @@ mod tests {
         let rms0 = ((9.0 + 16.0 + 1.0) / 4.0f32).sqrt();
         assert!((out[0] - 3.0 / rms0).abs() < 1e-6 && (out[3] + 1.0 / rms0).abs() < 1e-6);
         assert_eq!(&out[4..], &[1.0, -1.0, 2.0, -1.0]);
+    }
+
+    #[test]
+    fn gemma_rms_norm_multiplies_by_one_plus_the_weight() {
+        let x = [3.0, 4.0, 0.0, -1.0, 1.0, -1.0, 1.0, -1.0];
+        let w = [0.0, 0.5, 1.0, -1.0];
+        let mut out = Vec::new();
+        rms_norm_gemma(&x, &w, 0.0, &mut out);
+        let rms0 = ((9.0 + 16.0 + 1.0) / 4.0f32).sqrt();
+        let want0 = [3.0 / rms0, 4.0 / rms0 * 1.5, 0.0, 0.0];
+        for (a, b) in out[..4].iter().zip(want0) {
+            assert!((a - b).abs() < 1e-6, "{out:?}");
+        }
+        assert_eq!(&out[4..], &[1.0, -1.5, 2.0, 0.0]);
+        // A zero weight is the identity scale, unlike the plain norm's.
+        let mut plain = Vec::new();
+        rms_norm(&x, &[1.0; 4], 0.0, &mut plain);
+        rms_norm_gemma(&x, &[0.0; 4], 0.0, &mut out);
+        assert_eq!(plain, out);
+        // In place over rows of a head's width gives what the out-of-place norm gives, eps
+        // included.
+        let mut y = x;
+        rms_norm_gemma_in_place(&mut y, &w, 1e-6);
+        rms_norm_gemma(&x, &w, 1e-6, &mut out);
+        assert_eq!(y.to_vec(), out);
+    }
+
+    #[test]
+    fn gelu_tanh_matches_pytorch() {
+        // torch 2.9.1: torch.nn.functional.gelu(torch.tensor([...]), approximate="tanh"), float32.
+        let cases = [
+            (0.0f32, 0.0f32),
+            (1.0, 0.841_192),
+            (-1.0, -0.158_808),
+            (2.5, 2.484_915_7),
+            (-3.0, -0.003_637_433),
+            (0.3, 0.185_370_94),
+        ];
+        for (x, want) in cases {
+            let got = gelu_tanh(x);
+            assert!((got - want).abs() < 1e-6, "gelu_tanh({x}) = {got}, want {want}");
+        }
+        // Far out it is the identity and zero.
+        assert_eq!(gelu_tanh(20.0), 20.0);
+        assert!(gelu_tanh(-20.0).abs() < 1e-6);
+        let mut g = [1.0, -1.0];
+        gelu_tanh_mul(&mut g, &[2.0, 3.0]);
+        assert!((g[0] - 2.0 * 0.841_192).abs() < 1e-5 && (g[1] - 3.0 * -0.158_808).abs() < 1e-5);
+    }
+
+    #[test]
+    fn softcap_bounds_logits_and_is_near_identity_when_small() {
+        let mut x = [0.0, 0.01, 3.0, -100.0, 1e6];
+        softcap(&mut x, 3.0);
+        assert_eq!(x[0], 0.0);
+        assert!((x[1] - 0.01).abs() < 1e-6);
+        assert!((x[2] - 3.0 * 1f32.tanh()).abs() < 1e-6);
+        assert!((x[3] + 3.0).abs() < 1e-6 && (x[4] - 3.0).abs() < 1e-6);
+        let mut y = [1.0, -2.0];
+        scale(&mut y, 25.25);
+        assert_eq!(y, [25.25, -50.5]);
     }
 
     #[test]

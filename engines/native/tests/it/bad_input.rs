@@ -21,7 +21,8 @@ fn tiny_llama(root: &Path, name: &str) -> PathBuf {
 fn logits(dir: &Path, primary: &str) -> Vec<f32> {
     let config = ModelConfig::read(&dir.join("config.json")).unwrap();
     let model = Model::load(&config, &Checkpoint::open(&dir.join(primary)).unwrap()).unwrap();
-    let mut pool = KvPool::new(Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim }, 4);
+    let mut pool =
+        KvPool::new(Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim }, 4);
     let mut table = BlockTable::default();
     let tokens = [5u32, 17, 99, 3, 250, 42];
     pool.reserve(&mut table, tokens.len()).unwrap();

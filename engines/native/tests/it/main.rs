@@ -1,8 +1,8 @@
 //! The native plugin through the host, as a node drives it. Needs the release plugin beside this
 //! test binary (`cargo test --release -p llmr-native-engine`) and the models of
-//! `scripts/fetch-models smollm2-hf smollm2-f16` (scripts/test does both); the agreement test
-//! also needs the release llama.cpp plugin (`cargo test --release -p llmr-llama-cpp -p
-//! llmr-native-engine` builds both).
+//! `scripts/fetch-models smollm2-hf smollm2-f16 gemma3-hf gemma3-f16 shakespeare` (scripts/test
+//! does both); the agreement tests also need the release llama.cpp plugin (`cargo test
+//! --release -p llmr-llama-cpp -p llmr-native-engine` builds both).
 
 mod agreement;
 mod bad_input;

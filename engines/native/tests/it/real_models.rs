@@ -1,5 +1,5 @@
-//! SmolLM2-135M-Instruct in Hugging Face layout (bf16, converted from the GGUF test model by
-//! `scripts/convert_gguf_hf.py`): real weights through the whole plugin.
+//! SmolLM2-135M-Instruct and Gemma 3 270M in Hugging Face layout (bf16, converted from the GGUF
+//! test models by `scripts/convert_gguf_hf.py`): real weights through the whole plugin.
 
 use crate::support::{cached_model, engine, spec};
 use llmr_engine_host::{EngineInstance, FinishReason, InferParams, InferResult, Sampling};
@@ -160,4 +160,44 @@ fn seeds_repeat_samples_and_logprobs_are_log_probabilities() {
         assert_eq!(top[0].token_id, *id, "greedy picks the most likely token");
         assert!(top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
     }
+}
+
+/// Gemma 3 270M (gemma3_text: sliding-window layers, 262,144-token SentencePiece vocabulary).
+/// Its folder has no chat template and ends generations only at `<eos>` (id 1): plain text.
+/// llama.cpp (`llama-completion`, the F16 GGUF of the same weights) answers these prompts with
+/// " Paris" first, as the engine must.
+#[test]
+fn gemma3_completes_plain_text_sensibly_and_adds_bos_when_asked() {
+    let e = engine(2);
+    e.load_model(&spec("gemma3", &cached_model("gemma3-hf"))).unwrap();
+    let info = e.model_info("gemma3").unwrap();
+    assert_eq!(info.architecture.as_deref(), Some("gemma3_text"));
+    assert_eq!((info.bos_token.as_deref(), info.eos_token.as_deref()), (Some("<bos>"), Some("<eos>")));
+    assert!(info.chat_template.is_none(), "{info:?}");
+    // BOS (id 2) leads when the host asks for special tokens (tokenizer_config's
+    // add_bos_token), as llama.cpp's tokenizer gives it: `llama-tokenize` says
+    // 2 818 5279 529 7001 563 for this text.
+    let text = "The capital of France is";
+    assert_eq!(e.tokenize("gemma3", text, true, true).unwrap(), [2, 818, 5279, 529, 7001, 563]);
+    assert_eq!(e.tokenize("gemma3", text, false, true).unwrap(), [818, 5279, 529, 7001, 563]);
+    let ask = |id: u64, prompt: &str, max: u32| {
+        let p = InferParams::new(id, "gemma3", prompt, Sampling { max_tokens: Some(max), ..Sampling::greedy() });
+        run(&e, &p)
+    };
+    let (answer, _, res) = ask(600, "Question: What is the capital of France?\nAnswer:", 8);
+    assert!(answer.starts_with(" Paris"), "{answer:?}");
+    assert_eq!(res.prompt_tokens, 13, "BOS and the 12 tokens of the question");
+    let (answer, _, _) = ask(601, "The Eiffel Tower is located in the city of", 6);
+    assert!(answer.starts_with(" Paris"), "{answer:?}");
+    let (answer, _, _) = ask(602, "The capital of France is Paris. The capital of Germany is", 4);
+    assert!(answer.starts_with(" Berlin"), "{answer:?}");
+    // Two sequences batched together answer as each does alone.
+    let prompts = ["Once upon a time, in a small village,", "def fibonacci(n):"];
+    let alone: Vec<String> = prompts.iter().enumerate().map(|(i, p)| ask(610 + i as u64, p, 16).0).collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> =
+            prompts.iter().enumerate().map(|(i, p)| s.spawn(move || ask(620 + i as u64, p, 16).0)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(alone, together);
 }

@@ -1,0 +1,192 @@
+//! Gemma 3, text only (`gemma3_text`, `Gemma3ForCausalLM`), as transformers' `modeling_gemma3`
+//! computes it (`tests/goldens/README.md` has the math):
+//!
+//! - embeddings times `sqrt(hidden)`, that factor first rounded to the weights' type;
+//! - RMS norms `x / rms · (1 + w)` (weights stored zero-centred), sandwiching both halves of a
+//!   layer: `h = x + post_attn_norm(attn(input_norm(x)))`,
+//!   `x = h + post_ff_norm(mlp(pre_ff_norm(h)))`;
+//! - per-head RMS norms of q and k (over head_dim) before RoPE, scores scaled by
+//!   `query_pre_attn_scalar^-0.5`; no attention softcapping (Gemma 3 ignores
+//!   `attn_logit_softcapping`);
+//! - sliding-window layers see their last `sliding_window` positions and rotate with
+//!   `rope_local_base_freq` unscaled; full layers see everything and rotate with `rope_theta` and
+//!   `rope_scaling`;
+//! - a GeGLU MLP `down(gelu_tanh(gate(x)) · up(x))`; `final_logit_softcapping` when set; tied
+//!   embeddings unless config.json says otherwise.
+//!
+//! The KV cache keeps every position of sliding layers too (as for full layers); only the
+//! attention skips what lies outside the window. Bounding their memory to the window is left
+//! for later.
+
+use super::{linear, vector, BatchToken, Scratch};
+use crate::attention::{attend, AttentionShape, QueryPos};
+use crate::checkpoint::{Checkpoint, CheckpointError, DType};
+use crate::config::{LayerAttention, ModelConfig};
+use crate::kernels::linear::{forward_many, Linear};
+use crate::kernels::ops::{add, gelu_tanh_mul, rms_norm_gemma, rms_norm_gemma_in_place, scale, softcap};
+use crate::kv_cache::{BlockTable, KvPool};
+use crate::rope::{Rope, RopeScaling};
+
+struct Layer {
+    sliding: bool,
+    input_norm: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    post_attn_norm: Vec<f32>,
+    pre_ff_norm: Vec<f32>,
+    post_ff_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+pub struct Gemma3 {
+    config: ModelConfig,
+    embed: Linear,
+    /// `sqrt(hidden)` rounded to the embedding's type (`Gemma3TextScaledWordEmbedding`).
+    embed_scale: f32,
+    /// `None`: tied to the embeddings (the default).
+    lm_head: Option<Linear>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// Sliding layers: `rope_local_base_freq`, no scaling.
+    rope_local: Rope,
+    /// Full layers: `rope_theta` with `rope_scaling`.
+    rope_global: Rope,
+}
+
+/// transformers keeps `sqrt(hidden)` as an f32 tensor and casts it to the weights' type before
+/// multiplying (`embed_scale.to(self.weight.dtype)`): 25.25 rather than 25.298 for a bf16
+/// gemma-3-270m (hidden 640).
+fn embed_scale(hidden: usize, dtype: DType) -> f32 {
+    let s = (hidden as f64).sqrt() as f32;
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(s).to_f32(),
+        DType::F16 => half::f16::from_f32(s).to_f32(),
+        DType::F32 => s,
+    }
+}
+
+impl Gemma3 {
+    pub fn load(c: &ModelConfig, ck: &Checkpoint) -> Result<Self, CheckpointError> {
+        let (d, hd) = (c.hidden, c.head_dim);
+        let embed_weight = ck.get("model.embed_tokens.weight", &[c.vocab, d])?;
+        let embed_scale = embed_scale(d, embed_weight.dtype);
+        let embed = Linear::new(embed_weight, None);
+        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, d, false)?) };
+        let layers = (0..c.layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                let attn = format!("{p}.self_attn");
+                Ok(Layer {
+                    sliding: c.layer_attention[i] == LayerAttention::Sliding,
+                    input_norm: vector(ck, &format!("{p}.input_layernorm.weight"), d)?,
+                    q: linear(ck, &format!("{attn}.q_proj"), c.heads * hd, d, c.qkv_bias)?,
+                    k: linear(ck, &format!("{attn}.k_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
+                    v: linear(ck, &format!("{attn}.v_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
+                    o: linear(ck, &format!("{attn}.o_proj"), d, c.heads * hd, c.o_bias)?,
+                    q_norm: vector(ck, &format!("{attn}.q_norm.weight"), hd)?,
+                    k_norm: vector(ck, &format!("{attn}.k_norm.weight"), hd)?,
+                    post_attn_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
+                    pre_ff_norm: vector(ck, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
+                    post_ff_norm: vector(ck, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
+                    gate: linear(ck, &format!("{p}.mlp.gate_proj"), c.intermediate, d, false)?,
+                    up: linear(ck, &format!("{p}.mlp.up_proj"), c.intermediate, d, false)?,
+                    down: linear(ck, &format!("{p}.mlp.down_proj"), d, c.intermediate, false)?,
+                })
+            })
+            .collect::<Result<Vec<_>, CheckpointError>>()?;
+        Ok(Gemma3 {
+            embed,
+            embed_scale,
+            lm_head,
+            layers,
+            norm: vector(ck, "model.norm.weight", d)?,
+            rope_local: Rope::new(hd, c.rope_local_theta, &RopeScaling::None),
+            rope_global: Rope::new(hd, c.rope_theta, &c.rope_scaling),
+            config: c.clone(),
+        })
+    }
+
+    pub fn forward(
+        &self,
+        pool: &mut KvPool,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        s: &mut Scratch,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (n, d, hd, eps) = (batch.len(), c.hidden, c.head_dim, c.rms_eps);
+        s.x.clear();
+        s.x.resize(n * d, 0.0);
+        for (t, b) in batch.iter().enumerate() {
+            self.embed.row(b.token as usize, &mut s.x[t * d..(t + 1) * d]);
+        }
+        scale(&mut s.x, self.embed_scale);
+        let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
+        let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
+        for (li, l) in self.layers.iter().enumerate() {
+            rms_norm_gemma(&s.x, &l.input_norm, eps, &mut s.h);
+            forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
+            // q/k norms over each head, then the layer type's rotation.
+            rms_norm_gemma_in_place(&mut s.q, &l.q_norm, eps);
+            rms_norm_gemma_in_place(&mut s.k, &l.k_norm, eps);
+            let rope = if l.sliding { &self.rope_local } else { &self.rope_global };
+            for (t, b) in batch.iter().enumerate() {
+                rope.apply(&mut s.q[t * qw..(t + 1) * qw], hd, b.pos);
+                rope.apply(&mut s.k[t * kw..(t + 1) * kw], hd, b.pos);
+                pool.write(tables[b.seq], li, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
+            }
+            // A sliding layer's query at p sees p - window < j <= p.
+            let window = if l.sliding { c.sliding_window } else { usize::MAX };
+            let queries: Vec<QueryPos<'_>> = batch
+                .iter()
+                .map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: (b.pos + 1).saturating_sub(window) })
+                .collect();
+            s.attn.clear();
+            s.attn.resize(n * qw, 0.0);
+            attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
+            l.o.forward(&s.attn, n, &mut s.o);
+            rms_norm_gemma(&s.o, &l.post_attn_norm, eps, &mut s.h);
+            add(&mut s.x, &s.h);
+            rms_norm_gemma(&s.x, &l.pre_ff_norm, eps, &mut s.h);
+            forward_many(&mut [(&l.gate, &mut s.gate), (&l.up, &mut s.up)], &s.h, n);
+            gelu_tanh_mul(&mut s.gate, &s.up);
+            l.down.forward(&s.gate, n, &mut s.o);
+            rms_norm_gemma(&s.o, &l.post_ff_norm, eps, &mut s.h);
+            add(&mut s.x, &s.h);
+        }
+        // Only the rows whose logits are wanted go through the final norm and the vocabulary.
+        s.last.clear();
+        for (t, b) in batch.iter().enumerate() {
+            if b.logits {
+                s.last.extend_from_slice(&s.x[t * d..(t + 1) * d]);
+            }
+        }
+        let rows = s.last.len() / d;
+        rms_norm_gemma(&s.last, &self.norm, eps, &mut s.h);
+        let mut logits = Vec::new();
+        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);
+        if let Some(cap) = c.final_logit_softcap {
+            softcap(&mut logits, cap);
+        }
+        logits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedding_scale_is_rounded_to_the_weights_type() {
+        assert_eq!(embed_scale(640, DType::BF16), 25.25);
+        assert_eq!(embed_scale(640, DType::F32), 640f32.sqrt());
+        assert_eq!(embed_scale(64, DType::BF16), 8.0);
+        assert_eq!(embed_scale(1152, DType::F16), half::f16::from_f32(1152f32.sqrt()).to_f32());
+    }
+}
