@@ -17,8 +17,10 @@ use rayon::prelude::*;
 /// Weight rows a decode task computes together (the AVX2 kernels take four rows at a time).
 const TILE: usize = 4;
 /// From this many input rows on, a task widens a panel of `PANEL` weight rows to f32 and runs a
-/// GEMM over it; below, the dot-product kernels read the weights as stored.
-const GEMM_MIN_ROWS: usize = 8;
+/// GEMM over it; below, the dot-product kernels read the weights as stored. Measured on SmolLM2,
+/// 2 threads: decode of 8 and 16 sequences was 14-18% faster on the dot kernels than with the
+/// threshold at 8 (bench/RESULTS.md, "The native engine").
+const GEMM_MIN_ROWS: usize = 24;
 const PANEL: usize = 32;
 
 pub struct Linear {
