@@ -8,7 +8,27 @@
 use crate::{EngineError, ErrorCode, FinishReason, InferOutcome, Token, TokenSink, TopLogprob};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::OnceLock;
 use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Monotonic nanoseconds since the plugin first needed a clock (token timestamps).
+pub fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// What a request cancelled while still queued reports: its prompt, nothing generated.
+pub fn cancelled_in_queue(prompt_tokens: usize) -> Event {
+    Event::Done(InferOutcome {
+        finish_reason: FinishReason::Cancelled,
+        prompt_tokens: prompt_tokens as u32,
+        completion_tokens: 0,
+        cached_tokens: 0,
+        prompt_eval_ns: 0,
+        generation_ns: 0,
+    })
+}
 
 /// One generated token, owned, on its way from the worker to the requesting thread.
 #[derive(Clone, Debug, PartialEq)]

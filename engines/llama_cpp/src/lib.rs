@@ -25,7 +25,7 @@ use settings::{Change, ContextSettings, KvType, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// Default slots when the host does not say.
@@ -42,12 +42,6 @@ const DEFAULT_PREFILL_STALL: f64 = 4.0;
 /// of a small model, a handful of 1,000-token ones of an 8B (about 128 KiB a token with f16 keys
 /// and values).
 const DEFAULT_PREFIX_CACHE_MIB: u32 = 512;
-
-/// Monotonic nanoseconds since the plugin first needed a clock.
-pub(crate) fn clock_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 struct LoadedModel {
     model: Arc<LlamaModel>,

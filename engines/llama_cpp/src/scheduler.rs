@@ -8,9 +8,9 @@
 //! copied by reference (`seq_cp`), or that host memory saved from an idle slot (`prefixes.rs`),
 //! so shared system prompts are processed once.
 
+use crate::backend;
 use crate::sampling::TokenSampler;
 use crate::settings::{Change, ContextSettings, StepSettings};
-use crate::{backend, clock_ns};
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
@@ -19,7 +19,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
-use llmr_engine_sdk::worker::{Event, TokenEvent};
+use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, Event, TokenEvent};
 use llmr_engine_sdk::Sampling;
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, InferOutcome, Logger};
 use llmr_sampling::{common_prefix, logprobs, Pacer, PrefixStore};
@@ -330,14 +330,7 @@ impl<'m> Scheduler<'m> {
         self.queue.retain(|job| {
             let cancelled = job.cancel.load(Ordering::SeqCst);
             if cancelled {
-                let _ = job.events.send(Event::Done(InferOutcome {
-                    finish_reason: FinishReason::Cancelled,
-                    prompt_tokens: job.tokens.len() as u32,
-                    completion_tokens: 0,
-                    cached_tokens: 0,
-                    prompt_eval_ns: 0,
-                    generation_ns: 0,
-                }));
+                let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
             }
             !cancelled
         });

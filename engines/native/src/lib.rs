@@ -26,7 +26,7 @@ use llmr_engine_sdk::{
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Instant;
 use tokenizer::ModelTokenizer;
 
@@ -37,12 +37,6 @@ const DEFAULT_CTX_CAP: u32 = 8192;
 const DEFAULT_PREFILL_CHUNK: usize = 256;
 /// As the llama.cpp plugin's (bench/RESULTS.md, "Pacing long prompts").
 const DEFAULT_PREFILL_STALL: f64 = 4.0;
-
-/// Monotonic nanoseconds since the plugin first needed a clock.
-pub(crate) fn clock_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 struct LoadedModel {
     config: ModelConfig,

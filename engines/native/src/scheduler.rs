@@ -8,11 +8,10 @@
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
 
 use crate::arch::{BatchToken, Model, Scratch};
-use crate::clock_ns;
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
-use llmr_engine_sdk::worker::{Event, TokenEvent};
+use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, Event, TokenEvent};
 use llmr_engine_sdk::{EngineError, FinishReason, InferOutcome, Logger, Sampling};
 use llmr_sampling::{logprobs, Pacer, Sampler};
 use std::collections::VecDeque;
@@ -195,14 +194,7 @@ impl Scheduler {
         self.queue.retain(|job| {
             let cancelled = job.cancel.load(Ordering::SeqCst);
             if cancelled {
-                let _ = job.events.send(Event::Done(InferOutcome {
-                    finish_reason: FinishReason::Cancelled,
-                    prompt_tokens: job.tokens.len() as u32,
-                    completion_tokens: 0,
-                    cached_tokens: 0,
-                    prompt_eval_ns: 0,
-                    generation_ns: 0,
-                }));
+                let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
             }
             !cancelled
         });
