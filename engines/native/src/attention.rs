@@ -2,7 +2,7 @@
 //! query heads (`heads / kv_heads` query heads read one key/value head). Each (token, key/value
 //! head) is one task; a task widens one block's keys or values to f32 at a time.
 
-use crate::kv_cache::{BlockTable, KvPool, LayerBlock, BLOCK_TOKENS};
+use crate::kv_cache::{BlockId, BlockTable, KvPool, LayerBlock, BLOCK_TOKENS};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
@@ -48,16 +48,7 @@ pub fn attend(
             scores.clear();
             scores.resize(group * len, 0.0);
             // Scores, one block of keys at a time.
-            for (b, &id) in query.table.blocks.iter().enumerate() {
-                let start = b * BLOCK_TOKENS;
-                if start >= seen {
-                    break;
-                }
-                if start + BLOCK_TOKENS <= first {
-                    continue;
-                }
-                let lo = first.saturating_sub(start);
-                let n = (seen - start).min(BLOCK_TOKENS);
+            for (id, start, lo, n) in visible(query) {
                 let LayerBlock::F16 { k, .. } = pool.layer(id, layer);
                 k[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
                 for g in 0..group {
@@ -71,16 +62,7 @@ pub fn attend(
                 softmax(&mut scores[g * len..(g + 1) * len]);
             }
             out.fill(0.0);
-            for (b, &id) in query.table.blocks.iter().enumerate() {
-                let start = b * BLOCK_TOKENS;
-                if start >= seen {
-                    break;
-                }
-                if start + BLOCK_TOKENS <= first {
-                    continue;
-                }
-                let lo = first.saturating_sub(start);
-                let n = (seen - start).min(BLOCK_TOKENS);
+            for (id, start, lo, n) in visible(query) {
                 let LayerBlock::F16 { v, .. } = pool.layer(id, layer);
                 v[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
                 for g in 0..group {
@@ -95,6 +77,21 @@ pub fn attend(
             }
         },
     );
+}
+
+/// The blocks a query sees, in order: (block, its first position, the first and one past the
+/// last slot of it the query sees).
+fn visible<'a>(query: &'a QueryPos<'_>) -> impl Iterator<Item = (BlockId, usize, usize, usize)> + 'a {
+    let (first, seen) = (query.first, query.pos + 1);
+    query
+        .table
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(b, &id)| (id, b * BLOCK_TOKENS))
+        .take_while(move |&(_, start)| start < seen)
+        .filter(move |&(_, start)| start + BLOCK_TOKENS > first)
+        .map(move |(id, start)| (id, start, first.saturating_sub(start), (seen - start).min(BLOCK_TOKENS)))
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {
