@@ -18,6 +18,25 @@ pub fn clock_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// The end of a request that ran: its counts and timings (prompt evaluation until the first
+/// token, generation after it; a request ended before its first token spent all in the prompt).
+pub fn finished(
+    reason: FinishReason,
+    (prompt_tokens, cached_tokens, completion_tokens): (usize, usize, u32),
+    started: Instant,
+    first_token: Option<Instant>,
+) -> Event {
+    let now = Instant::now();
+    Event::Done(InferOutcome {
+        finish_reason: reason,
+        prompt_tokens: prompt_tokens as u32,
+        completion_tokens,
+        cached_tokens: cached_tokens as u32,
+        prompt_eval_ns: first_token.map_or(now - started, |t| t - started).as_nanos() as u64,
+        generation_ns: first_token.map_or(0, |t| (now - t).as_nanos() as u64),
+    })
+}
+
 /// What a request cancelled while still queued reports: its prompt, nothing generated.
 pub fn cancelled_in_queue(prompt_tokens: usize) -> Event {
     Event::Done(InferOutcome {

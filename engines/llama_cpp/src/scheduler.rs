@@ -19,9 +19,9 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
-use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, Event, TokenEvent};
+use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::Sampling;
-use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, InferOutcome, Logger};
+use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger};
 use llmr_sampling::{common_prefix, logprobs, Pacer, PrefixStore};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
@@ -569,9 +569,6 @@ impl<'m> Scheduler<'m> {
         // Counters first: the requester may read metrics as soon as it gets Done.
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
-        let now = Instant::now();
-        let prompt_eval_ns = a.first_token.map_or(now - a.started, |t| t - a.started).as_nanos() as u64;
-        let generation_ns = a.first_token.map_or(0, |t| (now - t).as_nanos() as u64);
         self.logger.debug(&format!(
             "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
             a.job.request_id,
@@ -579,14 +576,8 @@ impl<'m> Scheduler<'m> {
             a.cached_prompt,
             a.generated
         ));
-        let _ = a.job.events.send(Event::Done(InferOutcome {
-            finish_reason: reason,
-            prompt_tokens: a.job.tokens.len() as u32,
-            completion_tokens: a.generated,
-            cached_tokens: a.cached_prompt as u32,
-            prompt_eval_ns,
-            generation_ns,
-        }));
+        let counts = (a.job.tokens.len(), a.cached_prompt, a.generated);
+        let _ = a.job.events.send(finished(reason, counts, a.started, a.first_token));
     }
 
     fn fail(&mut self, i: usize, err: EngineError) {

@@ -11,8 +11,8 @@ use crate::arch::{BatchToken, Model, Scratch};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
-use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, Event, TokenEvent};
-use llmr_engine_sdk::{EngineError, FinishReason, InferOutcome, Logger, Sampling};
+use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
+use llmr_engine_sdk::{EngineError, FinishReason, Logger, Sampling};
 use llmr_sampling::{logprobs, Pacer, Sampler};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -396,9 +396,6 @@ impl Scheduler {
         self.pool.free_table(&mut r.table);
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
-        let now = Instant::now();
-        let prompt_eval_ns = r.first_token.map_or(now - r.started, |t| t - r.started).as_nanos() as u64;
-        let generation_ns = r.first_token.map_or(0, |t| (now - t).as_nanos() as u64);
         self.logger.debug(&format!(
             "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
             r.job.request_id,
@@ -406,13 +403,7 @@ impl Scheduler {
             r.cached_prompt,
             r.generated
         ));
-        let _ = r.job.events.send(Event::Done(InferOutcome {
-            finish_reason: reason,
-            prompt_tokens: r.job.tokens.len() as u32,
-            completion_tokens: r.generated,
-            cached_tokens: r.cached_prompt as u32,
-            prompt_eval_ns,
-            generation_ns,
-        }));
+        let counts = (r.job.tokens.len(), r.cached_prompt, r.generated);
+        let _ = r.job.events.send(finished(reason, counts, r.started, r.first_token));
     }
 }

@@ -18,8 +18,8 @@
 //! attention skips what lies outside the window. Bounding their memory to the window is left
 //! for later.
 
-use super::{linear, vector, BatchToken, Scratch};
-use crate::attention::{attend, AttentionShape, QueryPos};
+use super::{embed_tokens, linear, logit_rows, queries, rotate_and_store, vector, BatchToken, Scratch};
+use crate::attention::{attend, AttentionShape};
 use crate::checkpoint::{Checkpoint, CheckpointError, DType};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::kernels::linear::{forward_many, Linear};
@@ -121,14 +121,10 @@ impl Gemma3 {
     ) -> Vec<f32> {
         let c = &self.config;
         let (n, d, hd, eps) = (batch.len(), c.hidden, c.head_dim, c.rms_eps);
-        s.x.clear();
-        s.x.resize(n * d, 0.0);
-        for (t, b) in batch.iter().enumerate() {
-            self.embed.row(b.token as usize, &mut s.x[t * d..(t + 1) * d]);
-        }
+        embed_tokens(&self.embed, batch, d, &mut s.x);
         scale(&mut s.x, self.embed_scale);
         let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
-        let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
+        let qw = c.heads * hd;
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm_gemma(&s.x, &l.input_norm, eps, &mut s.h);
             forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
@@ -136,17 +132,10 @@ impl Gemma3 {
             rms_norm_gemma_in_place(&mut s.q, &l.q_norm, eps);
             rms_norm_gemma_in_place(&mut s.k, &l.k_norm, eps);
             let rope = if l.sliding { &self.rope_local } else { &self.rope_global };
-            for (t, b) in batch.iter().enumerate() {
-                rope.apply(&mut s.q[t * qw..(t + 1) * qw], hd, b.pos);
-                rope.apply(&mut s.k[t * kw..(t + 1) * kw], hd, b.pos);
-                pool.write(tables[b.seq], li, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
-            }
+            rotate_and_store(rope, (&mut *pool, tables), li, batch, hd, s);
             // A sliding layer's query at p sees p - window < j <= p.
             let window = if l.sliding { c.sliding_window } else { usize::MAX };
-            let queries: Vec<QueryPos<'_>> = batch
-                .iter()
-                .map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: (b.pos + 1).saturating_sub(window) })
-                .collect();
+            let queries = queries(batch, tables, window);
             s.attn.clear();
             s.attn.resize(n * qw, 0.0);
             attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
@@ -160,14 +149,7 @@ impl Gemma3 {
             rms_norm_gemma(&s.o, &l.post_ff_norm, eps, &mut s.h);
             add(&mut s.x, &s.h);
         }
-        // Only the rows whose logits are wanted go through the final norm and the vocabulary.
-        s.last.clear();
-        for (t, b) in batch.iter().enumerate() {
-            if b.logits {
-                s.last.extend_from_slice(&s.x[t * d..(t + 1) * d]);
-            }
-        }
-        let rows = s.last.len() / d;
+        let rows = logit_rows(batch, d, s);
         rms_norm_gemma(&s.last, &self.norm, eps, &mut s.h);
         let mut logits = Vec::new();
         self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);

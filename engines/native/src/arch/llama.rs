@@ -2,8 +2,8 @@
 //! rotary positions and a SwiGLU MLP, RMS norms, optionally tied embeddings; qwen2 adds biases
 //! to the q/k/v projections.
 
-use super::{linear, vector, BatchToken, Scratch};
-use crate::attention::{attend, AttentionShape, QueryPos};
+use super::{embed_tokens, linear, logit_rows, queries, rotate_and_store, vector, BatchToken, Scratch};
+use crate::attention::{attend, AttentionShape};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::kernels::linear::{forward_many, Linear};
@@ -73,25 +73,15 @@ impl Llama {
     ) -> Vec<f32> {
         let c = &self.config;
         let (n, d, hd) = (batch.len(), c.hidden, c.head_dim);
-        s.x.clear();
-        s.x.resize(n * d, 0.0);
-        for (t, b) in batch.iter().enumerate() {
-            self.embed.row(b.token as usize, &mut s.x[t * d..(t + 1) * d]);
-        }
+        embed_tokens(&self.embed, batch, d, &mut s.x);
         let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
             forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
-            let (qw, kw) = (c.heads * hd, c.kv_heads * hd);
-            for (t, b) in batch.iter().enumerate() {
-                self.rope.apply(&mut s.q[t * qw..(t + 1) * qw], hd, b.pos);
-                self.rope.apply(&mut s.k[t * kw..(t + 1) * kw], hd, b.pos);
-                pool.write(tables[b.seq], li, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
-            }
-            let queries: Vec<QueryPos<'_>> =
-                batch.iter().map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: 0 }).collect();
+            rotate_and_store(&self.rope, (&mut *pool, tables), li, batch, hd, s);
+            let queries = queries(batch, tables, usize::MAX);
             s.attn.clear();
-            s.attn.resize(n * qw, 0.0);
+            s.attn.resize(n * c.heads * hd, 0.0);
             attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
             l.o.forward(&s.attn, n, &mut s.o);
             add(&mut s.x, &s.o);
@@ -101,14 +91,7 @@ impl Llama {
             l.down.forward(&s.gate, n, &mut s.o);
             add(&mut s.x, &s.o);
         }
-        // Only the rows whose logits are wanted go through the final norm and the vocabulary.
-        s.last.clear();
-        for (t, b) in batch.iter().enumerate() {
-            if b.logits {
-                s.last.extend_from_slice(&s.x[t * d..(t + 1) * d]);
-            }
-        }
-        let rows = s.last.len() / d;
+        let rows = logit_rows(batch, d, s);
         rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);
         let mut logits = Vec::new();
         self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);

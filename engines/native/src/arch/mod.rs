@@ -4,10 +4,12 @@
 pub mod gemma3;
 pub mod llama;
 
+use crate::attention::QueryPos;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{Arch, ModelConfig};
 use crate::kernels::linear::Linear;
 use crate::kv_cache::{BlockTable, KvPool};
+use crate::rope::Rope;
 
 /// One token of a step's batch.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +48,54 @@ pub(crate) fn linear(
     let w = ck.get(&format!("{name}.weight"), &[rows, cols])?;
     let b = if bias { Some(ck.get(&format!("{name}.bias"), &[rows])?.to_f32()) } else { None };
     Ok(Linear::new(w, b))
+}
+
+/// The embedding rows of the batch's tokens into `x` (`tokens x d`).
+pub(crate) fn embed_tokens(embed: &Linear, batch: &[BatchToken], d: usize, x: &mut Vec<f32>) {
+    x.clear();
+    x.resize(batch.len() * d, 0.0);
+    for (t, b) in batch.iter().enumerate() {
+        embed.row(b.token as usize, &mut x[t * d..(t + 1) * d]);
+    }
+}
+
+/// Rotates each token's query and key heads for its position, then stores its key and value in
+/// its sequence's blocks of `layer`.
+pub(crate) fn rotate_and_store(
+    rope: &Rope,
+    (pool, tables): (&mut KvPool, &[&BlockTable]),
+    layer: usize,
+    batch: &[BatchToken],
+    head_dim: usize,
+    s: &mut Scratch,
+) {
+    let (qw, kw) = (s.q.len() / batch.len(), s.k.len() / batch.len());
+    for (t, b) in batch.iter().enumerate() {
+        rope.apply(&mut s.q[t * qw..(t + 1) * qw], head_dim, b.pos);
+        rope.apply(&mut s.k[t * kw..(t + 1) * kw], head_dim, b.pos);
+        pool.write(tables[b.seq], layer, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
+    }
+}
+
+/// Where each token of the batch attends: its sequence's positions from `pos + 1 - window` (0
+/// when the window is unbounded) to `pos`.
+pub(crate) fn queries<'a>(batch: &[BatchToken], tables: &[&'a BlockTable], window: usize) -> Vec<QueryPos<'a>> {
+    batch
+        .iter()
+        .map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: (b.pos + 1).saturating_sub(window) })
+        .collect()
+}
+
+/// Copies the hidden states of the tokens whose logits are wanted into `s.last`; returns how
+/// many there are. Only they go through the final norm and the vocabulary projection.
+pub(crate) fn logit_rows(batch: &[BatchToken], d: usize, s: &mut Scratch) -> usize {
+    s.last.clear();
+    for (t, b) in batch.iter().enumerate() {
+        if b.logits {
+            s.last.extend_from_slice(&s.x[t * d..(t + 1) * d]);
+        }
+    }
+    s.last.len() / d
 }
 
 /// A 1-D tensor (norm weights) as f32.
