@@ -21,6 +21,7 @@ mod error;
 pub mod ffi;
 pub mod text;
 mod types;
+pub mod vectors;
 pub mod worker;
 
 pub use error::{EngineError, ErrorCode};

@@ -265,6 +265,14 @@ fn a_safetensors_folder_is_served_beside_a_gguf_and_a_corrupt_one_harms_nothing(
     body["stream"] = json!(true);
     let text = s.http.post(format!("{}/v1/chat/completions", s.url)).json(&body).send().unwrap().text().unwrap();
     assert!(text.matches("data: {").count() > 3 && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // Embeddings from the safetensors decoder (its last token's hidden state) as from the GGUF.
+    let embed = |model: &str| s.post("/v1/embeddings", &json!({"model": model, "input": ["Paris is in France."]}));
+    let (status, st) = embed("smol-st");
+    assert_eq!(status, 200, "{st}");
+    assert_eq!(st["data"][0]["embedding"].as_array().unwrap().len(), 576, "SmolLM2's hidden size");
+    let (status, gguf) = embed("smol-gguf");
+    assert_eq!(status, 200, "{gguf}");
+    assert_eq!(st["usage"]["prompt_tokens"], gguf["usage"]["prompt_tokens"]);
     // The truncated checkpoint fails to load with an error that says so; nothing else is hurt.
     let (status, err) = ask("broken");
     assert!(status >= 500, "{err}");

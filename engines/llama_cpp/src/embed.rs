@@ -95,8 +95,7 @@ pub fn run(model: &LlamaModel, s: EmbedSettings, jobs: Receiver<EmbedJob>, ready
                     Ok(v) => {
                         let mut v = v.to_vec();
                         if job.normalize {
-                            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                            v.iter_mut().for_each(|x| *x /= norm);
+                            llmr_engine_sdk::vectors::l2_normalize(&mut v);
                         }
                         out.push(v);
                     }

@@ -15,19 +15,22 @@ pub struct QueryPos<'a> {
     pub first: usize,
 }
 
-pub struct AttentionShape {
+pub struct AttentionShape<'a> {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     /// Multiplies q·k (1/sqrt(head_dim) unless the architecture says otherwise).
     pub scale: f32,
+    /// gpt-oss's learned sinks: one logit per query head that joins the softmax's denominator
+    /// and has no value, so a head can attend to nothing.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// `q`: `tokens x heads x head_dim`; writes `out` of the same shape.
 pub fn attend(
     pool: &KvPool,
     layer: usize,
-    shape: &AttentionShape,
+    shape: &AttentionShape<'_>,
     queries: &[QueryPos<'_>],
     q: &[f32],
     out: &mut [f32],
@@ -59,7 +62,8 @@ pub fn attend(
                 }
             }
             for g in 0..group {
-                softmax(&mut scores[g * len..(g + 1) * len]);
+                let sink = shape.sinks.map(|s| s[kv * group + g]);
+                softmax(&mut scores[g * len..(g + 1) * len], sink);
             }
             out.fill(0.0);
             for (id, start, lo, n) in visible(query) {
@@ -105,9 +109,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + a[main..].iter().zip(&b[main..]).map(|(x, y)| x * y).sum::<f32>()
 }
 
-fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+/// Softmax of `x` in place; a `sink` logit counts in the denominator only.
+fn softmax(x: &mut [f32], sink: Option<f32>) {
+    let max = x.iter().copied().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
+    let mut sum = sink.map_or(0.0, |s| (s - max).exp());
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
@@ -124,11 +129,11 @@ mod tests {
     use crate::kv_cache::Shape;
 
     /// Attention computed directly from the f32 keys and values, for comparison.
-    fn reference(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32) -> Vec<f32> {
+    fn reference(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32, sink: Option<f32>) -> Vec<f32> {
         let scores: Vec<f32> = keys.iter().map(|k| dot(q, k) * scale).collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-        let sum: f32 = e.iter().sum();
+        let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
         let mut out = vec![0.0; q.len()];
         for (w, v) in e.iter().zip(values) {
             for (o, x) in out.iter_mut().zip(v) {
@@ -160,23 +165,27 @@ mod tests {
                 values[h].push(r(&v[h * hd..(h + 1) * hd]));
             }
         }
-        let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-        // (first, pos): one query at the end, one in the middle of the second block, and two
-        // sliding-window queries (from the middle of a block, and from a block's start).
-        let positions = [(0, len - 1), (0, 20), (13, 36), (16, 30)];
-        let queries: Vec<QueryPos<'_>> =
-            positions.iter().map(|&(first, pos)| QueryPos { table: &table, pos, first }).collect();
-        let q: Vec<f32> = (0..positions.len() * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
-        let mut out = vec![0.0; q.len()];
-        attend(&pool, 0, &shape, &queries, &q, &mut out);
-        for (t, &(first, pos)) in positions.iter().enumerate() {
-            for h in 0..heads {
-                let kv = h / (heads / kv_heads);
-                let qh = &q[(t * heads + h) * hd..][..hd];
-                let want = reference(qh, &keys[kv][first..=pos], &values[kv][first..=pos], shape.scale);
-                let got = &out[(t * heads + h) * hd..][..hd];
-                for (a, b) in got.iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-5, "token {t} head {h}: {got:?} vs {want:?}");
+        let sinks = [0.5, -1.0, 2.0, 0.0];
+        for sinks in [None, Some(&sinks[..])] {
+            let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), sinks };
+            // (first, pos): one query at the end, one in the middle of the second block, and two
+            // sliding-window queries (from the middle of a block, and from a block's start).
+            let positions = [(0, len - 1), (0, 20), (13, 36), (16, 30)];
+            let queries: Vec<QueryPos<'_>> =
+                positions.iter().map(|&(first, pos)| QueryPos { table: &table, pos, first }).collect();
+            let q: Vec<f32> = (0..positions.len() * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
+            let mut out = vec![0.0; q.len()];
+            attend(&pool, 0, &shape, &queries, &q, &mut out);
+            for (t, &(first, pos)) in positions.iter().enumerate() {
+                for h in 0..heads {
+                    let kv = h / (heads / kv_heads);
+                    let qh = &q[(t * heads + h) * hd..][..hd];
+                    let sink = sinks.map(|s| s[h]);
+                    let want = reference(qh, &keys[kv][first..=pos], &values[kv][first..=pos], shape.scale, sink);
+                    let got = &out[(t * heads + h) * hd..][..hd];
+                    for (a, b) in got.iter().zip(&want) {
+                        assert!((a - b).abs() < 1e-5, "token {t} head {h} sink {sink:?}: {got:?} vs {want:?}");
+                    }
                 }
             }
         }

@@ -41,8 +41,8 @@ pub enum CheckpointError {
     Missing(String),
     #[error("tensor '{name}' has shape {found:?}; the model's config.json needs {expected:?}")]
     Shape { name: String, found: Vec<usize>, expected: Vec<usize> },
-    #[error("tensor '{name}' is stored as {dtype}, which this engine does not read (bf16, f16, f32)")]
-    DType { name: String, dtype: String },
+    #[error("tensor '{name}' is stored as {dtype}; this engine reads it as {wanted}")]
+    DType { name: String, dtype: String, wanted: &'static str },
 }
 
 /// One tensor: where its bytes lie in which mapped file.
@@ -75,9 +75,25 @@ impl TensorView {
     }
 }
 
+/// A tensor of bytes (`U8`): gpt-oss's MXFP4 expert blocks and their exponents.
+#[derive(Clone)]
+pub struct ByteTensor {
+    file: Arc<Mmap>,
+    start: usize,
+    end: usize,
+    pub shape: Vec<usize>,
+}
+
+impl ByteTensor {
+    pub fn bytes(&self) -> &[u8] {
+        &self.file[self.start..self.end]
+    }
+}
+
 struct Entry {
     file: usize,
-    dtype: Result<DType, String>,
+    /// The engine's type, or how safetensors names one it does not compute in.
+    dtype: Result<DType, Dtype>,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -141,7 +157,7 @@ impl Checkpoint {
                     Dtype::BF16 => Ok(DType::BF16),
                     Dtype::F16 => Ok(DType::F16),
                     Dtype::F32 => Ok(DType::F32),
-                    other => Err(format!("{other:?}")),
+                    other => Err(other),
                 };
                 let (start, end) = (data_start + info.data_offsets.0, data_start + info.data_offsets.1);
                 if end > mmap.len() {
@@ -164,20 +180,50 @@ impl Checkpoint {
         self.tensors.contains_key(name)
     }
 
-    /// The tensor `name`, which must have exactly `shape`.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<TensorView, CheckpointError> {
+    /// The entry `name`, which must have exactly `shape` and `size` bytes per element.
+    fn entry(
+        &self,
+        name: &str,
+        shape: &[usize],
+        size: impl Fn(&Entry) -> Result<usize, CheckpointError>,
+    ) -> Result<&Entry, CheckpointError> {
         let e = self.tensors.get(name).ok_or_else(|| CheckpointError::Missing(name.to_string()))?;
         if e.shape != shape {
             return Err(CheckpointError::Shape { name: name.into(), found: e.shape.clone(), expected: shape.to_vec() });
         }
-        let dtype = e.dtype.clone().map_err(|dtype| CheckpointError::DType { name: name.into(), dtype })?;
-        if e.end - e.start != shape.iter().product::<usize>() * dtype.size() {
+        if e.end - e.start != shape.iter().product::<usize>() * size(e)? {
             return Err(CheckpointError::Corrupt {
                 path: PathBuf::from(name),
                 message: "its byte length does not match its shape and type".into(),
             });
         }
+        Ok(e)
+    }
+
+    /// The tensor `name`, which must have exactly `shape` and be bf16, f16 or f32.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<TensorView, CheckpointError> {
+        let dtype = |e: &Entry| {
+            e.dtype.map_err(|d| CheckpointError::DType {
+                name: name.into(),
+                dtype: format!("{d:?}"),
+                wanted: "bf16, f16 or f32",
+            })
+        };
+        let e = self.entry(name, shape, |e| Ok(dtype(e)?.size()))?;
+        let dtype = dtype(e)?;
         Ok(TensorView { file: self.files[e.file].clone(), start: e.start, end: e.end, dtype, shape: e.shape.clone() })
+    }
+
+    /// The `U8` tensor `name`, which must have exactly `shape`.
+    pub fn get_bytes(&self, name: &str, shape: &[usize]) -> Result<ByteTensor, CheckpointError> {
+        let e = self.entry(name, shape, |e| match e.dtype {
+            Err(Dtype::U8) => Ok(1),
+            found => {
+                let dtype = found.map_or_else(|d| format!("{d:?}"), |d| format!("{d:?}"));
+                Err(CheckpointError::DType { name: name.into(), dtype, wanted: "U8 (MXFP4 blocks and scales)" })
+            }
+        })?;
+        Ok(ByteTensor { file: self.files[e.file].clone(), start: e.start, end: e.end, shape: e.shape.clone() })
     }
 
     /// Bytes of all mapped files (what the weights occupy once paged in).

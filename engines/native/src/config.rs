@@ -16,10 +16,13 @@ pub enum Arch {
     /// `gemma3_text` (Gemma 3 text-only, `Gemma3ForCausalLM`): sandwich norms `x·(1+w)`, q/k
     /// norms, GELU-tanh MLP, scaled embeddings, sliding-window and full layers.
     Gemma3,
+    /// `gpt_oss` (gpt-oss-20b/120b): biased attention with learned sinks, alternating sliding and
+    /// full layers, YaRN, and a mixture of experts whose weights are MXFP4 on disk.
+    GptOss,
 }
 
 /// Every architecture name the plugin accepts, as `config.json`'s `model_type` spells it.
-pub const SUPPORTED: &[&str] = &["llama", "qwen2", "gemma3_text"];
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "gemma3_text", "gpt_oss"];
 
 impl Arch {
     fn from_model_type(model_type: &str) -> Option<Self> {
@@ -27,6 +30,7 @@ impl Arch {
             "llama" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
             "gemma3_text" => Some(Self::Gemma3),
+            "gpt_oss" => Some(Self::GptOss),
             _ => None,
         }
     }
@@ -75,8 +79,7 @@ struct RawConfig {
     rope_scaling: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
-    #[serde(default)]
-    attention_bias: bool,
+    attention_bias: Option<bool>,
     #[serde(default)]
     mlp_bias: bool,
     hidden_act: Option<String>,
@@ -94,6 +97,10 @@ struct RawConfig {
     final_logit_softcapping: Option<f32>,
     #[serde(default)]
     use_bidirectional_attention: bool,
+    // gpt-oss (`GptOssConfig`).
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    quantization_config: Option<serde_json::Value>,
 }
 
 fn default_eps() -> f32 {
@@ -140,6 +147,15 @@ pub struct ModelConfig {
     pub rope_local_theta: f32,
     /// `final_logit_softcapping`: logits become `c·tanh(logits/c)`.
     pub final_logit_softcap: Option<f32>,
+    /// The mixture of experts of a gpt-oss model (`None` for dense MLPs).
+    pub experts: Option<Experts>,
+}
+
+/// A mixture-of-experts MLP: each token runs `top_k` of `count` experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    pub count: usize,
+    pub top_k: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +198,8 @@ impl ModelConfig {
             .ok_or_else(|| ConfigError::Invalid("neither model_type nor architectures is set".into()))?;
         let arch = Arch::from_model_type(&model_type).ok_or_else(|| ConfigError::Unsupported(model_type.clone()))?;
         let gemma = arch == Arch::Gemma3;
+        let oss = arch == Arch::GptOss;
+        let experts = experts(&raw, oss)?;
         let activation = if gemma {
             // Gemma3TextConfig reads `hidden_activation` (default gelu_pytorch_tanh).
             match raw.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh") {
@@ -239,7 +257,7 @@ impl ModelConfig {
         let rope_scaling =
             RopeScaling::parse(raw.rope_scaling.as_ref(), context_length).map_err(ConfigError::Invalid)?;
         let layers = raw.num_hidden_layers;
-        let layer_attention: Vec<LayerAttention> = match (gemma, &raw.layer_types) {
+        let layer_attention: Vec<LayerAttention> = match (gemma || oss, &raw.layer_types) {
             (false, _) => vec![LayerAttention::Full; layers],
             (true, Some(types)) => {
                 if types.len() != layers {
@@ -260,9 +278,9 @@ impl ModelConfig {
                     .collect::<Result<_, _>>()?
             }
             // Older configs: every `sliding_window_pattern`-th layer is full (transformers'
-            // default pattern is 6).
+            // default pattern is 6 for Gemma 3; gpt-oss alternates, sliding first).
             (true, None) => {
-                let pattern = raw.sliding_window_pattern.unwrap_or(6);
+                let pattern = raw.sliding_window_pattern.unwrap_or(if oss { 2 } else { 6 });
                 if pattern == 0 {
                     return Err(ConfigError::Invalid("sliding_window_pattern must be positive".into()));
                 }
@@ -295,7 +313,13 @@ impl ModelConfig {
             }
             c => c,
         };
-        let rope_theta = raw.rope_theta.unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 });
+        let rope_theta = raw.rope_theta.unwrap_or(match arch {
+            Arch::Gemma3 => 1_000_000.0,
+            Arch::GptOss => 150_000.0,
+            Arch::Llama | Arch::Qwen2 => 10_000.0,
+        });
+        // GptOssConfig's attention has biases by default; LlamaConfig's does not.
+        let attention_bias = raw.attention_bias.unwrap_or(oss);
         let eos = match raw.eos_token_id {
             None => Vec::new(),
             Some(OneOrMany::One(id)) => vec![id],
@@ -317,8 +341,8 @@ impl ModelConfig {
             context_length,
             // Gemma3TextConfig ties by default, LlamaConfig and Qwen2Config do not.
             tie_embeddings: raw.tie_word_embeddings.unwrap_or(gemma),
-            qkv_bias: arch == Arch::Qwen2 || raw.attention_bias,
-            o_bias: raw.attention_bias,
+            qkv_bias: arch == Arch::Qwen2 || attention_bias,
+            o_bias: attention_bias,
             mlp_bias: raw.mlp_bias && !gemma,
             bos: raw.bos_token_id,
             eos,
@@ -328,8 +352,46 @@ impl ModelConfig {
             sliding_window,
             rope_local_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
             final_logit_softcap,
+            experts,
         })
     }
+}
+
+/// The experts of a gpt-oss config, which must be MXFP4 as OpenAI ships them; any other
+/// architecture must not name a quantization this engine does not read.
+fn experts(raw: &RawConfig, oss: bool) -> Result<Option<Experts>, ConfigError> {
+    let method =
+        raw.quantization_config.as_ref().map(|q| q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("?"));
+    if !oss {
+        return match method {
+            None => Ok(None),
+            Some(m) => Err(ConfigError::UnsupportedVariant(format!(
+                "quantization_config names quant_method '{m}'; the native engine reads bf16, f16 and f32 \
+                 weights (and MXFP4 gpt-oss experts)"
+            ))),
+        };
+    }
+    if method != Some("mxfp4") {
+        return Err(ConfigError::UnsupportedVariant(format!(
+            "gpt_oss experts must be MXFP4 as OpenAI ships them (quantization_config.quant_method 'mxfp4'); \
+             this config has {}",
+            method.map_or("no quantization_config".to_string(), |m| format!("quant_method '{m}'"))
+        )));
+    }
+    let count = raw.num_local_experts.ok_or_else(|| ConfigError::Invalid("gpt_oss needs num_local_experts".into()))?;
+    let top_k = raw.num_experts_per_tok.unwrap_or(4);
+    if count == 0 || top_k == 0 || top_k > count {
+        return Err(ConfigError::Invalid(format!(
+            "num_experts_per_tok ({top_k}) must be between 1 and num_local_experts ({count})"
+        )));
+    }
+    // MXFP4 groups 32 weights of an input row under one exponent.
+    for (name, size) in [("hidden_size", raw.hidden_size), ("intermediate_size", raw.intermediate_size)] {
+        if !size.is_multiple_of(32) {
+            return Err(ConfigError::Invalid(format!("{name} ({size}) must be a multiple of 32 for MXFP4 experts")));
+        }
+    }
+    Ok(Some(Experts { count, top_k }))
 }
 
 #[cfg(test)]
@@ -422,11 +484,50 @@ mod tests {
     fn unsupported_and_inconsistent_configs_are_named() {
         let gemma = SMOLLM2.replace("\"llama\"", "\"bert\"");
         let e = ModelConfig::parse(&gemma).unwrap_err().to_string();
-        assert!(e.contains("'bert'") && e.contains("llama, qwen2, gemma3_text"), "{e}");
+        assert!(e.contains("'bert'") && e.contains("llama, qwen2, gemma3_text, gpt_oss"), "{e}");
         let bad_heads = SMOLLM2.replace("\"num_key_value_heads\":3", "\"num_key_value_heads\":4");
         let e = ModelConfig::parse(&bad_heads).unwrap_err().to_string();
         assert!(e.contains("num_key_value_heads (4)"), "{e}");
         let zero = SMOLLM2.replace("\"num_hidden_layers\":30", "\"num_hidden_layers\":0");
         assert!(ModelConfig::parse(&zero).unwrap_err().to_string().contains("num_hidden_layers"));
+    }
+
+    /// The keys of gpt-oss-20b's config.json the engine reads (`layer_types` left out: the
+    /// default alternation, sliding first, must give the same layers).
+    const GPT_OSS_20B: &str = r#"{"architectures":["GptOssForCausalLM"],"model_type":"gpt_oss",
+        "attention_bias":true,"eos_token_id":200002,"experts_per_token":4,"head_dim":64,"hidden_act":"silu",
+        "hidden_size":2880,"intermediate_size":2880,"max_position_embeddings":131072,"num_attention_heads":64,
+        "num_experts_per_tok":4,"num_hidden_layers":24,"num_key_value_heads":8,"num_local_experts":32,
+        "quantization_config":{"modules_to_not_convert":["model.layers.*.self_attn","model.layers.*.mlp.router",
+        "model.embed_tokens","lm_head"],"quant_method":"mxfp4"},"rms_norm_eps":1e-05,
+        "rope_scaling":{"beta_fast":32.0,"beta_slow":1.0,"factor":32.0,"original_max_position_embeddings":4096,
+        "rope_type":"yarn","truncate":false},"rope_theta":150000,"sliding_window":128,"swiglu_limit":7.0,
+        "tie_word_embeddings":false,"vocab_size":201088}"#;
+
+    #[test]
+    fn a_gpt_oss_config_reads_as_transformers_reads_it() {
+        let c = ModelConfig::parse(GPT_OSS_20B).unwrap();
+        assert_eq!(c.arch, Arch::GptOss);
+        assert_eq!((c.hidden, c.heads, c.kv_heads, c.head_dim, c.layers), (2880, 64, 8, 64, 24));
+        assert_eq!(c.experts, Some(Experts { count: 32, top_k: 4 }));
+        assert!(c.qkv_bias && c.o_bias && !c.tie_embeddings);
+        assert_eq!((c.sliding_window, c.attention_scale), (128, 0.125));
+        let sliding: Vec<bool> = c.layer_attention.iter().map(|a| *a == LayerAttention::Sliding).collect();
+        assert_eq!(sliding, (0..24).map(|i| i % 2 == 0).collect::<Vec<_>>());
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn { factor: 32.0, truncate: false, .. }));
+        // Experts in any form but MXFP4 are refused with the reason; so is a bad top-k.
+        let bf16 = GPT_OSS_20B.replace("\"quant_method\":\"mxfp4\"", "\"quant_method\":\"none\"");
+        let e = ModelConfig::parse(&bf16).unwrap_err();
+        assert!(matches!(e, ConfigError::UnsupportedVariant(_)) && e.to_string().contains("'none'"), "{e}");
+        let k = GPT_OSS_20B.replace("\"num_experts_per_tok\":4", "\"num_experts_per_tok\":33");
+        assert!(ModelConfig::parse(&k).unwrap_err().to_string().contains("num_experts_per_tok (33)"));
+    }
+
+    #[test]
+    fn a_quantized_dense_checkpoint_is_refused_by_its_method() {
+        let gptq =
+            SMOLLM2.replace("\"silu\",", "\"silu\",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4},");
+        let e = ModelConfig::parse(&gptq).unwrap_err();
+        assert!(matches!(e, ConfigError::UnsupportedVariant(_)) && e.to_string().contains("'gptq'"), "{e}");
     }
 }

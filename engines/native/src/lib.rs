@@ -8,6 +8,7 @@ pub mod arch;
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+mod embed;
 pub mod kernels;
 pub mod kv_cache;
 pub mod rope;
@@ -17,11 +18,12 @@ pub mod tokenizer;
 use arch::Model;
 use checkpoint::{Checkpoint, CheckpointError};
 use config::{ConfigError, ModelConfig};
+use embed::{EmbedJob, Pooling};
 use kv_cache::{KvPool, Shape, BLOCK_TOKENS};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
-    abi, Capability, Engine, EngineConfig, EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest,
-    ModelDesc, ModelInfo, TokenSink,
+    abi, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo,
+    ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
@@ -46,6 +48,7 @@ struct LoadedModel {
     threads: usize,
     kv_blocks: usize,
     weight_bytes: usize,
+    pooling: Pooling,
     scheduler: Worker<Command>,
     stats: Arc<Stats>,
 }
@@ -113,8 +116,11 @@ impl NativeEngine {
 
 impl Engine for NativeEngine {
     fn info() -> &'static EngineInfo {
-        static INFO: EngineInfo =
-            EngineInfo { engine_id: c"native", version: c"0.1.0", capabilities: abi::LLMR_CAP_TEXT };
+        static INFO: EngineInfo = EngineInfo {
+            engine_id: c"native",
+            version: c"0.1.0",
+            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING,
+        };
         &INFO
     }
 
@@ -192,6 +198,7 @@ impl Engine for NativeEngine {
         ));
         let loaded = Arc::new(LoadedModel {
             weight_bytes: checkpoint.mapped_bytes(),
+            pooling: Pooling::of_model(&desc.model_dir),
             config,
             tokenizer,
             ctx_per_seq,
@@ -233,12 +240,12 @@ impl Engine for NativeEngine {
             bos_token: m.tokenizer.bos_token.clone(),
             eos_token: m.tokenizer.eos_token.clone(),
             chat_template: m.tokenizer.chat_template.clone(),
-            pooling: None,
+            pooling: Some(m.pooling.name().into()),
             quantization: None,
             size_bytes: Some(m.weight_bytes as u64),
             parameters: None,
             slots: Some(m.slots),
-            capabilities: vec![Capability::Text],
+            capabilities: vec![Capability::Text, Capability::Embedding],
             extra,
         })
     }
@@ -265,6 +272,43 @@ impl Engine for NativeEngine {
         let outcome = self.generate(&m, req, sink, flag);
         self.running.lock().unwrap().remove(&req.request_id);
         outcome
+    }
+
+    fn embed(&self, req: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
+        let m = self.model(req.model_id)?;
+        let ctx = m.ctx_per_seq as usize;
+        let mut inputs = Vec::with_capacity(req.inputs.len());
+        for (i, text) in req.inputs.iter().enumerate() {
+            let tokens = m
+                .tokenizer
+                .encode_with_special(text)
+                .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize input {i}: {e}")))?;
+            if tokens.is_empty() {
+                return Err(EngineError::new(ErrorCode::Unsupported, format!("input {i} is empty")));
+            }
+            if tokens.len() > ctx {
+                return Err(EngineError::new(
+                    ErrorCode::Unsupported,
+                    format!("input {i} has {} tokens; this model embeds at most {ctx}", tokens.len()),
+                ));
+            }
+            inputs.push(tokens);
+        }
+        let prompt_tokens = inputs.iter().map(|t| t.len() as u32).sum();
+        let (tx, rx) = mpsc::channel();
+        m.scheduler.send(Command::Embed(EmbedJob {
+            inputs,
+            normalize: req.normalize,
+            pooling: m.pooling,
+            reply: tx,
+        }))?;
+        let vectors = rx.recv().map_err(|_| EngineError::internal("the model's worker stopped"))??;
+        for (i, v) in vectors.iter().enumerate() {
+            if !sink.emit(i, v) {
+                return Err(EngineError::cancelled());
+            }
+        }
+        Ok(EmbedOutcome { prompt_tokens })
     }
 
     fn cancel(&self, request_id: u64) -> Result<(), EngineError> {

@@ -8,6 +8,7 @@
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
 
 use crate::arch::{BatchToken, Model, Scratch};
+use crate::embed::{EmbedContext, EmbedJob};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
@@ -34,6 +35,8 @@ pub struct Job {
 
 pub enum Command {
     Infer(Job),
+    /// Embeddings, computed before the next step.
+    Embed(EmbedJob),
     /// New step settings (`set_config`); they apply from the next step.
     Step {
         prefill_chunk: Option<usize>,
@@ -163,6 +166,17 @@ impl Scheduler {
             Command::Infer(job) => {
                 self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
                 self.queue.push_back(job);
+                true
+            }
+            Command::Embed(job) => {
+                let mut ctx = EmbedContext {
+                    model: &self.model,
+                    pool: &mut self.pool,
+                    threads: &self.threads,
+                    scratch: &mut self.scratch,
+                    chunk: self.settings.prefill_chunk,
+                };
+                let _ = job.reply.send(ctx.run(&job));
                 true
             }
             Command::Step { prefill_chunk, prefill_stall } => {

@@ -103,6 +103,12 @@ impl ModelTokenizer {
         Ok(out)
     }
 
+    /// Token ids of `text` as Hugging Face's `tokenizer(text)` gives them (its post-processor's
+    /// special tokens included): what sentence-transformers embeds.
+    pub fn encode_with_special(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(self.plain.encode_fast(text, true).map_err(|e| e.to_string())?.get_ids().to_vec())
+    }
+
     /// The text of one token alone (special tokens render empty, as in generated text).
     pub fn piece(&self, id: u32) -> String {
         self.special.decode(&[id], true).unwrap_or_default()

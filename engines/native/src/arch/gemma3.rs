@@ -18,8 +18,7 @@
 //! attention skips what lies outside the window. Bounding their memory to the window is left
 //! for later.
 
-use super::{embed_tokens, linear, logit_rows, queries, rotate_and_store, vector, BatchToken, Scratch};
-use crate::attention::{attend, AttentionShape};
+use super::{attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Output, Scratch};
 use crate::checkpoint::{Checkpoint, CheckpointError, DType};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::kernels::linear::{forward_many, Linear};
@@ -30,10 +29,7 @@ use crate::rope::{Rope, RopeScaling};
 struct Layer {
     sliding: bool,
     input_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    attn: AttentionWeights,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
     post_attn_norm: Vec<f32>,
@@ -85,10 +81,7 @@ impl Gemma3 {
                 Ok(Layer {
                     sliding: c.layer_attention[i] == LayerAttention::Sliding,
                     input_norm: vector(ck, &format!("{p}.input_layernorm.weight"), d)?,
-                    q: linear(ck, &format!("{attn}.q_proj"), c.heads * hd, d, c.qkv_bias)?,
-                    k: linear(ck, &format!("{attn}.k_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
-                    v: linear(ck, &format!("{attn}.v_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
-                    o: linear(ck, &format!("{attn}.o_proj"), d, c.heads * hd, c.o_bias)?,
+                    attn: AttentionWeights::load(ck, c, &attn)?,
                     q_norm: vector(ck, &format!("{attn}.q_norm.weight"), hd)?,
                     k_norm: vector(ck, &format!("{attn}.k_norm.weight"), hd)?,
                     post_attn_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
@@ -118,28 +111,24 @@ impl Gemma3 {
         tables: &[&BlockTable],
         batch: &[BatchToken],
         s: &mut Scratch,
+        output: Output,
     ) -> Vec<f32> {
         let c = &self.config;
-        let (n, d, hd, eps) = (batch.len(), c.hidden, c.head_dim, c.rms_eps);
+        let (n, d, eps) = (batch.len(), c.hidden, c.rms_eps);
         embed_tokens(&self.embed, batch, d, &mut s.x);
         scale(&mut s.x, self.embed_scale);
-        let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
-        let qw = c.heads * hd;
+        let shape = attention_shape(c, None);
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm_gemma(&s.x, &l.input_norm, eps, &mut s.h);
-            forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
-            // q/k norms over each head, then the layer type's rotation.
-            rms_norm_gemma_in_place(&mut s.q, &l.q_norm, eps);
-            rms_norm_gemma_in_place(&mut s.k, &l.k_norm, eps);
             let rope = if l.sliding { &self.rope_local } else { &self.rope_global };
-            rotate_and_store(rope, (&mut *pool, tables), li, batch, hd, s);
             // A sliding layer's query at p sees p - window < j <= p.
             let window = if l.sliding { c.sliding_window } else { usize::MAX };
-            let queries = queries(batch, tables, window);
-            s.attn.clear();
-            s.attn.resize(n * qw, 0.0);
-            attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
-            l.o.forward(&s.attn, n, &mut s.o);
+            // q/k norms over each head, before the layer type's rotation.
+            let qk_norms = |q: &mut [f32], k: &mut [f32]| {
+                rms_norm_gemma_in_place(q, &l.q_norm, eps);
+                rms_norm_gemma_in_place(k, &l.k_norm, eps);
+            };
+            l.attn.forward((&mut *pool, tables), li, batch, rope, window, &shape, s, qk_norms);
             rms_norm_gemma(&s.o, &l.post_attn_norm, eps, &mut s.h);
             add(&mut s.x, &s.h);
             rms_norm_gemma(&s.x, &l.pre_ff_norm, eps, &mut s.h);
@@ -149,14 +138,12 @@ impl Gemma3 {
             rms_norm_gemma(&s.o, &l.post_ff_norm, eps, &mut s.h);
             add(&mut s.x, &s.h);
         }
-        let rows = logit_rows(batch, d, s);
-        rms_norm_gemma(&s.last, &self.norm, eps, &mut s.h);
-        let mut logits = Vec::new();
-        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);
-        if let Some(cap) = c.final_logit_softcap {
-            softcap(&mut logits, cap);
+        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm_gemma(x, &self.norm, eps, out);
+        let mut out = finish(batch, d, s, output, norm, self.lm_head.as_ref().unwrap_or(&self.embed));
+        if let (Output::Logits, Some(cap)) = (output, c.final_logit_softcap) {
+            softcap(&mut out, cap);
         }
-        logits
+        out
     }
 }
 

@@ -2,8 +2,7 @@
 //! rotary positions and a SwiGLU MLP, RMS norms, optionally tied embeddings; qwen2 adds biases
 //! to the q/k/v projections.
 
-use super::{embed_tokens, linear, logit_rows, queries, rotate_and_store, vector, BatchToken, Scratch};
-use crate::attention::{attend, AttentionShape};
+use super::{attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Output, Scratch};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::kernels::linear::{forward_many, Linear};
@@ -13,10 +12,7 @@ use crate::rope::Rope;
 
 struct Layer {
     input_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    attn: AttentionWeights,
     post_norm: Vec<f32>,
     gate: Linear,
     up: Linear,
@@ -43,10 +39,7 @@ impl Llama {
                 let p = format!("model.layers.{i}");
                 Ok(Layer {
                     input_norm: vector(ck, &format!("{p}.input_layernorm.weight"), d)?,
-                    q: linear(ck, &format!("{p}.self_attn.q_proj"), c.heads * hd, d, c.qkv_bias)?,
-                    k: linear(ck, &format!("{p}.self_attn.k_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
-                    v: linear(ck, &format!("{p}.self_attn.v_proj"), c.kv_heads * hd, d, c.qkv_bias)?,
-                    o: linear(ck, &format!("{p}.self_attn.o_proj"), d, c.heads * hd, c.o_bias)?,
+                    attn: AttentionWeights::load(ck, c, &format!("{p}.self_attn"))?,
                     post_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
                     gate: linear(ck, &format!("{p}.mlp.gate_proj"), c.intermediate, d, c.mlp_bias)?,
                     up: linear(ck, &format!("{p}.mlp.up_proj"), c.intermediate, d, c.mlp_bias)?,
@@ -70,20 +63,15 @@ impl Llama {
         tables: &[&BlockTable],
         batch: &[BatchToken],
         s: &mut Scratch,
+        output: Output,
     ) -> Vec<f32> {
         let c = &self.config;
-        let (n, d, hd) = (batch.len(), c.hidden, c.head_dim);
+        let (n, d) = (batch.len(), c.hidden);
         embed_tokens(&self.embed, batch, d, &mut s.x);
-        let shape = AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.attention_scale };
+        let shape = attention_shape(c, None);
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
-            forward_many(&mut [(&l.q, &mut s.q), (&l.k, &mut s.k), (&l.v, &mut s.v)], &s.h, n);
-            rotate_and_store(&self.rope, (&mut *pool, tables), li, batch, hd, s);
-            let queries = queries(batch, tables, usize::MAX);
-            s.attn.clear();
-            s.attn.resize(n * c.heads * hd, 0.0);
-            attend(pool, li, &shape, &queries, &s.q, &mut s.attn);
-            l.o.forward(&s.attn, n, &mut s.o);
+            l.attn.forward((&mut *pool, tables), li, batch, &self.rope, usize::MAX, &shape, s, |_, _| {});
             add(&mut s.x, &s.o);
             rms_norm(&s.x, &l.post_norm, c.rms_eps, &mut s.h);
             forward_many(&mut [(&l.gate, &mut s.gate), (&l.up, &mut s.up)], &s.h, n);
@@ -91,10 +79,7 @@ impl Llama {
             l.down.forward(&s.gate, n, &mut s.o);
             add(&mut s.x, &s.o);
         }
-        let rows = logit_rows(batch, d, s);
-        rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);
-        let mut logits = Vec::new();
-        self.lm_head.as_ref().unwrap_or(&self.embed).forward(&s.h, rows, &mut logits);
-        logits
+        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm(x, &self.norm, c.rms_eps, out);
+        finish(batch, d, s, output, norm, self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 }

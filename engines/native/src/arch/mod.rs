@@ -2,12 +2,13 @@
 //! is here.
 
 pub mod gemma3;
+pub mod gpt_oss;
 pub mod llama;
 
-use crate::attention::QueryPos;
+use crate::attention::{attend, AttentionShape, QueryPos};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::{Arch, ModelConfig};
-use crate::kernels::linear::Linear;
+use crate::kernels::linear::{forward_many, Linear};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::rope::Rope;
 
@@ -20,6 +21,15 @@ pub struct BatchToken {
     pub pos: usize,
     /// Whether the step returns this token's logits.
     pub logits: bool,
+}
+
+/// What a forward pass returns for the tokens of the batch marked `logits`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Their vocabulary logits (`tokens x vocab`).
+    Logits,
+    /// Their hidden states after the final norm (`tokens x hidden`): what embeddings pool.
+    Hidden,
 }
 
 /// Buffers a forward pass reuses from step to step.
@@ -59,9 +69,81 @@ pub(crate) fn embed_tokens(embed: &Linear, batch: &[BatchToken], d: usize, x: &m
     }
 }
 
+/// A layer's attention projections (`{prefix}.q_proj` .. `o_proj`, biased as the config says).
+pub(crate) struct AttentionWeights {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+}
+
+/// The geometry of `c`'s attention, with gpt-oss's per-head `sinks` when given.
+pub(crate) fn attention_shape<'a>(c: &ModelConfig, sinks: Option<&'a [f32]>) -> AttentionShape<'a> {
+    AttentionShape { heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim, scale: c.attention_scale, sinks }
+}
+
+impl AttentionWeights {
+    pub(crate) fn load(ck: &Checkpoint, c: &ModelConfig, prefix: &str) -> Result<Self, CheckpointError> {
+        let (d, q, kv) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        Ok(AttentionWeights {
+            q: linear(ck, &format!("{prefix}.q_proj"), q, d, c.qkv_bias)?,
+            k: linear(ck, &format!("{prefix}.k_proj"), kv, d, c.qkv_bias)?,
+            v: linear(ck, &format!("{prefix}.v_proj"), kv, d, c.qkv_bias)?,
+            o: linear(ck, &format!("{prefix}.o_proj"), d, q, c.o_bias)?,
+        })
+    }
+
+    /// From the normed input `s.h` to the attention's output projection in `s.o`: q, k and v;
+    /// `qk` on q and k (Gemma's per-head norms); the rotation; the batch's keys and values
+    /// stored in `layer`; attention over the last `window` positions of each query (`usize::MAX`:
+    /// all); the output projection.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        (pool, tables): (&mut KvPool, &[&BlockTable]),
+        layer: usize,
+        batch: &[BatchToken],
+        rope: &Rope,
+        window: usize,
+        shape: &AttentionShape<'_>,
+        s: &mut Scratch,
+        qk: impl FnOnce(&mut [f32], &mut [f32]),
+    ) {
+        let n = batch.len();
+        forward_many(&mut [(&self.q, &mut s.q), (&self.k, &mut s.k), (&self.v, &mut s.v)], &s.h, n);
+        qk(&mut s.q, &mut s.k);
+        rotate_and_store(rope, (&mut *pool, tables), layer, batch, shape.head_dim, s);
+        let queries = queries(batch, tables, window);
+        s.attn.clear();
+        s.attn.resize(n * shape.heads * shape.head_dim, 0.0);
+        attend(pool, layer, shape, &queries, &s.q, &mut s.attn);
+        self.o.forward(&s.attn, n, &mut s.o);
+    }
+}
+
+/// The rows of `s.x` whose output the batch wants, through the final `norm`: their hidden
+/// states, or their logits by `head`.
+pub(crate) fn finish(
+    batch: &[BatchToken],
+    d: usize,
+    s: &mut Scratch,
+    output: Output,
+    norm: impl FnOnce(&[f32], &mut Vec<f32>),
+    head: &Linear,
+) -> Vec<f32> {
+    let rows = logit_rows(batch, d, s);
+    norm(&s.last, &mut s.h);
+    if output == Output::Hidden {
+        return std::mem::take(&mut s.h);
+    }
+    let mut logits = Vec::new();
+    head.forward(&s.h, rows, &mut logits);
+    logits
+}
+
 /// Rotates each token's query and key heads for its position, then stores its key and value in
 /// its sequence's blocks of `layer`.
-pub(crate) fn rotate_and_store(
+fn rotate_and_store(
     rope: &Rope,
     (pool, tables): (&mut KvPool, &[&BlockTable]),
     layer: usize,
@@ -79,7 +161,7 @@ pub(crate) fn rotate_and_store(
 
 /// Where each token of the batch attends: its sequence's positions from `pos + 1 - window` (0
 /// when the window is unbounded) to `pos`.
-pub(crate) fn queries<'a>(batch: &[BatchToken], tables: &[&'a BlockTable], window: usize) -> Vec<QueryPos<'a>> {
+fn queries<'a>(batch: &[BatchToken], tables: &[&'a BlockTable], window: usize) -> Vec<QueryPos<'a>> {
     batch
         .iter()
         .map(|b| QueryPos { table: tables[b.seq], pos: b.pos, first: (b.pos + 1).saturating_sub(window) })
@@ -88,7 +170,7 @@ pub(crate) fn queries<'a>(batch: &[BatchToken], tables: &[&'a BlockTable], windo
 
 /// Copies the hidden states of the tokens whose logits are wanted into `s.last`; returns how
 /// many there are. Only they go through the final norm and the vocabulary projection.
-pub(crate) fn logit_rows(batch: &[BatchToken], d: usize, s: &mut Scratch) -> usize {
+fn logit_rows(batch: &[BatchToken], d: usize, s: &mut Scratch) -> usize {
     s.last.clear();
     for (t, b) in batch.iter().enumerate() {
         if b.logits {
@@ -107,6 +189,7 @@ pub(crate) fn vector(ck: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>
 pub enum Model {
     Llama(llama::Llama),
     Gemma3(gemma3::Gemma3),
+    GptOss(gpt_oss::GptOss),
 }
 
 impl Model {
@@ -114,6 +197,7 @@ impl Model {
         match config.arch {
             Arch::Llama | Arch::Qwen2 => Ok(Model::Llama(llama::Llama::load(config, checkpoint)?)),
             Arch::Gemma3 => Ok(Model::Gemma3(gemma3::Gemma3::load(config, checkpoint)?)),
+            Arch::GptOss => Ok(Model::GptOss(gpt_oss::GptOss::load(config, checkpoint)?)),
         }
     }
 
@@ -126,9 +210,26 @@ impl Model {
         batch: &[BatchToken],
         s: &mut Scratch,
     ) -> Vec<f32> {
+        self.run(pool, tables, batch, s, Output::Logits)
+    }
+
+    /// As [`Model::forward`], returning final hidden states in place of logits.
+    pub fn hidden(&self, pool: &mut KvPool, tables: &[&BlockTable], batch: &[BatchToken], s: &mut Scratch) -> Vec<f32> {
+        self.run(pool, tables, batch, s, Output::Hidden)
+    }
+
+    fn run(
+        &self,
+        pool: &mut KvPool,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        s: &mut Scratch,
+        output: Output,
+    ) -> Vec<f32> {
         match self {
-            Model::Llama(m) => m.forward(pool, tables, batch, s),
-            Model::Gemma3(m) => m.forward(pool, tables, batch, s),
+            Model::Llama(m) => m.forward(pool, tables, batch, s, output),
+            Model::Gemma3(m) => m.forward(pool, tables, batch, s, output),
+            Model::GptOss(m) => m.forward(pool, tables, batch, s, output),
         }
     }
 }

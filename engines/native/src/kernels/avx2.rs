@@ -53,8 +53,9 @@ impl Weight for f32 {
     }
 }
 
+/// The sum of the eight lanes of `v`.
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     // SAFETY: register-only operations; the caller runs with AVX.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

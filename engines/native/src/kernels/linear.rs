@@ -9,6 +9,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+use super::panel::{panel_gemm, Out};
 use crate::checkpoint::{DType, TensorView};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -29,14 +30,6 @@ pub struct Linear {
     pub rows: usize,
     pub cols: usize,
 }
-
-/// A raw output pointer the tasks share: each task writes a disjoint set of columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements (their own output rows) and the buffer outlives the
-// parallel call that uses it.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 impl Linear {
     /// `weight` must be `[rows, cols]`, naturally aligned for its type (safetensors writers
@@ -150,37 +143,6 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
             }
         },
     );
-}
-
-/// `out[t, r0 + r] = x[t] · w[r]` for the `nr` widened rows of `w` and all `n` inputs.
-#[allow(clippy::too_many_arguments)]
-fn panel_gemm(w: &[f32], nr: usize, cols: usize, x: &[f32], n: usize, rows: usize, r0: usize, out: Out) {
-    debug_assert!(w.len() == nr * cols && x.len() == n * cols);
-    // SAFETY: dst (t, r) = out + t * rows + r0 + r stays inside this task's rows of an n x rows
-    // output; lhs (t, c) = x[t * cols + c] and rhs (c, r) = w[r * cols + c] stay inside x and w.
-    unsafe {
-        gemm::gemm(
-            n,
-            nr,
-            cols,
-            out.0.add(r0),
-            1,
-            rows as isize,
-            false,
-            x.as_ptr(),
-            1,
-            cols as isize,
-            w.as_ptr(),
-            cols as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
 }
 
 /// Whether the AVX2 kernels can run (the answer is cached by the standard library).

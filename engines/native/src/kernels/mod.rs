@@ -3,4 +3,6 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod linear;
+pub mod mxfp4;
 pub mod ops;
+mod panel;

@@ -4,8 +4,9 @@
 //! that continuation in one forward pass, and its top-1 token at every position is compared with
 //! llama.cpp's choice (teacher forcing, so one early near-tie does not decide the rest). The two
 //! differ only in arithmetic (f16 vs f32 accumulation, kernel order), so they must agree on at
-//! least 99% of the positions. SmolLM2 (llama) and Gemma 3 270M (gemma3_text, sliding windows:
-//! two of its prompts are longer than its 512-token window) are checked.
+//! least 99% of the positions. SmolLM2 (llama), Qwen2.5-Coder 0.5B (qwen2) and Gemma 3 270M
+//! (gemma3_text, sliding windows: two of its prompts are longer than its 512-token window) are
+//! checked.
 
 use crate::support::{cached_model, instance, llama_plugin};
 use llmr_engine_host::{Format, InferParams, ModelSpec, Sampling};
@@ -192,4 +193,13 @@ fn gemma3_greedy_choices_agree_with_llama_cpp_on_the_same_weights() {
     let longest = prompts.iter().map(|p| tokenizer.encode(p, true, true).unwrap().len()).max().unwrap();
     assert!(config.sliding_window == 512 && longest > 600, "the longest prompt has {longest} tokens");
     check_agreement("Gemma 3 270M", &hf, &gguf, &prompts, GEMMA_GENERATED, 1);
+}
+
+/// Qwen2.5-Coder 0.5B (qwen2: biases on q/k/v, tied embeddings, a 151,936-token vocabulary),
+/// the same 50 prompts (ChatML, its own template's format).
+#[test]
+fn qwen2_greedy_choices_agree_with_llama_cpp_on_the_same_weights() {
+    let hf = cached_model("qwen2.5-hf");
+    let gguf = cached_model("qwen2.5-coder-0.5b-instruct-f16.gguf");
+    check_agreement("Qwen2.5-Coder 0.5B", &hf, &gguf, &prompts(), GENERATED, 4);
 }

@@ -1,0 +1,179 @@
+//! Embeddings from a decoder: each input runs through the model on the scheduler's thread
+//! (between generation steps, in prompt-sized chunks, on blocks of its own that are freed at
+//! once and never enter the prefix index), and its final hidden states are pooled.
+//!
+//! Pooling is what the checkpoint's sentence-transformers files say (`modules.json` naming a
+//! `Pooling` module whose `config.json` sets `pooling_mode_mean_tokens` or
+//! `pooling_mode_lasttoken`), else the last token, as decoder embedding models (Qwen3-Embedding,
+//! gte-Qwen2, e5-mistral) and the llama.cpp plugin's decoders do.
+
+use crate::arch::{BatchToken, Model, Scratch};
+use crate::kv_cache::{BlockTable, KvPool};
+use llmr_engine_sdk::{EngineError, ErrorCode};
+use std::path::Path;
+use std::sync::mpsc::Sender;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The hidden state of the input's last token.
+    Last,
+    /// The mean of every token's hidden state.
+    Mean,
+}
+
+impl Pooling {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Last => "last",
+            Pooling::Mean => "mean",
+        }
+    }
+
+    /// The pooling the model folder `dir` declares for sentence-transformers; `Last` when it
+    /// declares none or one this engine does not compute (CLS, max: an encoder's).
+    pub fn of_model(dir: &Path) -> Pooling {
+        let read =
+            |p: &Path| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok() };
+        let modules = read(&dir.join("modules.json"));
+        let folder = modules
+            .as_ref()
+            .and_then(|m| m.as_array())
+            .and_then(|list| {
+                list.iter().find(|m| m.get("type").and_then(|t| t.as_str()).is_some_and(|t| t.ends_with(".Pooling")))
+            })
+            .and_then(|m| m.get("path").and_then(|p| p.as_str()).map(str::to_string));
+        // The module's folder must be a plain name inside the model's folder.
+        let Some(folder) =
+            folder.filter(|f| Path::new(f).components().all(|c| matches!(c, std::path::Component::Normal(_))))
+        else {
+            return Pooling::Last;
+        };
+        let Some(config) = read(&dir.join(folder).join("config.json")) else { return Pooling::Last };
+        let on = |key: &str| config.get(key).and_then(|v| v.as_bool()).unwrap_or(false);
+        if on("pooling_mode_mean_tokens") && !on("pooling_mode_lasttoken") {
+            Pooling::Mean
+        } else {
+            Pooling::Last
+        }
+    }
+}
+
+pub struct EmbedJob {
+    /// Token ids of each input (none empty).
+    pub inputs: Vec<Vec<u32>>,
+    pub normalize: bool,
+    pub pooling: Pooling,
+    /// One vector per input, in order, or the failure.
+    pub reply: Sender<Result<Vec<Vec<f32>>, EngineError>>,
+}
+
+/// What an embedding pass borrows from the scheduler.
+pub struct EmbedContext<'a> {
+    pub model: &'a Model,
+    pub pool: &'a mut KvPool,
+    pub threads: &'a rayon::ThreadPool,
+    pub scratch: &'a mut Scratch,
+    pub chunk: usize,
+}
+
+impl EmbedContext<'_> {
+    pub fn run(&mut self, job: &EmbedJob) -> Result<Vec<Vec<f32>>, EngineError> {
+        job.inputs
+            .iter()
+            .map(|input| {
+                let mut v = self.one(input, job.pooling)?;
+                if job.normalize {
+                    llmr_engine_sdk::vectors::l2_normalize(&mut v);
+                }
+                Ok(v)
+            })
+            .collect()
+    }
+
+    fn one(&mut self, input: &[u32], pooling: Pooling) -> Result<Vec<f32>, EngineError> {
+        let mut table = BlockTable::default();
+        let result = self.through(&mut table, input, pooling);
+        self.pool.free_table(&mut table);
+        result
+    }
+
+    fn through(&mut self, table: &mut BlockTable, input: &[u32], pooling: Pooling) -> Result<Vec<f32>, EngineError> {
+        let mut pooled: Vec<f32> = Vec::new();
+        for (c, chunk) in input.chunks(self.chunk.max(1)).enumerate() {
+            self.pool.reserve(table, chunk.len()).map_err(|full| {
+                EngineError::new(
+                    ErrorCode::OomRam,
+                    format!(
+                        "no room in the KV cache for an input of {} tokens while requests run ({} blocks short); retry",
+                        input.len(),
+                        full.0
+                    ),
+                )
+            })?;
+            let start = c * self.chunk.max(1);
+            let last = start + chunk.len() == input.len();
+            let batch: Vec<BatchToken> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| BatchToken {
+                    token,
+                    seq: 0,
+                    pos: start + i,
+                    logits: pooling == Pooling::Mean || (last && i + 1 == chunk.len()),
+                })
+                .collect();
+            table.len += chunk.len();
+            let (model, pool, scratch) = (self.model, &mut *self.pool, &mut *self.scratch);
+            let tables = [&*table];
+            let hidden = self.threads.install(|| model.hidden(pool, &tables, &batch, scratch));
+            let rows = batch.iter().filter(|b| b.logits).count();
+            if rows == 0 {
+                continue;
+            }
+            let d = hidden.len() / rows;
+            pooled.resize(d, 0.0);
+            for row in hidden.chunks_exact(d) {
+                for (p, h) in pooled.iter_mut().zip(row) {
+                    *p += h;
+                }
+            }
+        }
+        if pooling == Pooling::Mean {
+            let n = input.len() as f32;
+            pooled.iter_mut().for_each(|p| *p /= n);
+        }
+        Ok(pooled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_follows_the_sentence_transformers_files() {
+        let dir = std::env::temp_dir().join(format!("llmr-native-pooling-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
+        assert_eq!(Pooling::of_model(&dir), Pooling::Last);
+        let modules = r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+            {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
+        std::fs::write(dir.join("modules.json"), modules).unwrap();
+        let config = |mean: bool, last: bool| {
+            format!(
+                r#"{{"word_embedding_dimension":64,"pooling_mode_mean_tokens":{mean},"pooling_mode_lasttoken":{last}}}"#
+            )
+        };
+        std::fs::write(dir.join("1_Pooling/config.json"), config(true, false)).unwrap();
+        assert_eq!(Pooling::of_model(&dir), Pooling::Mean);
+        std::fs::write(dir.join("1_Pooling/config.json"), config(false, true)).unwrap();
+        assert_eq!(Pooling::of_model(&dir), Pooling::Last);
+        // A module path that leaves the folder is not followed, even to a mean-pooling config.
+        std::fs::write(dir.join("1_Pooling/config.json"), config(true, false)).unwrap();
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        let escaping = modules.replace("\"1_Pooling\"", &format!("\"../{name}/1_Pooling\""));
+        std::fs::write(dir.join("modules.json"), escaping).unwrap();
+        assert_eq!(Pooling::of_model(&dir), Pooling::Last);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
