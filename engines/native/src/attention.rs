@@ -1,6 +1,8 @@
 //! Causal attention of a batch's queries over their sequences' block tables, with grouped
-//! query heads (`heads / kv_heads` query heads read one key/value head). Each (token, key/value
-//! head) is one task; a task widens one block's keys or values to f32 at a time.
+//! query heads (`heads / kv_heads` query heads read one key/value head). A task is a tile of up
+//! to 16 consecutive queries of one sequence (a prompt chunk; a decode token is a tile alone)
+//! and one key/value head: it widens each block's keys or values to f32 once for the whole
+//! tile. The task body is compiled a second time for AVX2 + FMA, chosen at run time.
 
 use crate::kv_cache::{BlockId, BlockTable, KvPool, LayerBlock, BLOCK_TOKENS};
 use half::slice::HalfFloatSliceExt;
@@ -26,6 +28,24 @@ pub struct AttentionShape<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+/// Consecutive queries of one sequence (a prompt chunk) one task takes together, so that each
+/// block of keys and values is widened to f32 once for all of them rather than once per query.
+const QUERY_TILE: usize = 16;
+
+/// The output pointer the tasks share: each writes the heads of its own (queries, KV head).
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint elements and the buffer outlives the parallel call.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// Per-task buffers: one block of widened keys or values, and the scores of the tile's queries.
+#[derive(Default)]
+struct TaskScratch {
+    block: Vec<f32>,
+    scores: Vec<f32>,
+}
+
 /// `q`: `tokens x heads x head_dim`; writes `out` of the same shape.
 pub fn attend(
     pool: &KvPool,
@@ -35,52 +55,138 @@ pub fn attend(
     q: &[f32],
     out: &mut [f32],
 ) {
-    let hd = shape.head_dim;
-    let group = shape.heads / shape.kv_heads;
-    let unit = group * hd;
-    out.par_chunks_mut(unit).enumerate().for_each_init(
-        || (vec![0f32; BLOCK_TOKENS * hd], Vec::<f32>::new()),
-        |(block, scores), (i, out)| {
-            let (t, kv) = (i / shape.kv_heads, i % shape.kv_heads);
-            let query = &queries[t];
-            // Positions first..seen; scores are indexed from `first`.
-            let (first, seen) = (query.first, query.pos + 1);
-            debug_assert!(first < seen);
-            let len = seen - first;
-            let qs = &q[t * shape.heads * hd + kv * unit..][..unit];
-            scores.clear();
-            scores.resize(group * len, 0.0);
-            // Scores, one block of keys at a time.
-            for (id, start, lo, n) in visible(query) {
-                let LayerBlock::F16 { k, .. } = pool.layer(id, layer);
-                k[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
+    assert!(q.len() == queries.len() * shape.heads * shape.head_dim && out.len() == q.len());
+    // Tiles: runs of at most QUERY_TILE consecutive queries on the same block table.
+    let mut tiles: Vec<(usize, usize)> = Vec::new();
+    for t in 0..queries.len() {
+        match tiles.last_mut() {
+            Some((t0, t1)) if *t1 - *t0 < QUERY_TILE && std::ptr::eq(queries[*t0].table, queries[t].table) => *t1 += 1,
+            _ => tiles.push((t, t + 1)),
+        }
+    }
+    let out = Out(out.as_mut_ptr());
+    let simd = simd();
+    (0..tiles.len() * shape.kv_heads).into_par_iter().for_each_init(TaskScratch::default, |scratch, task| {
+        let (tile, kv) = (tiles[task / shape.kv_heads], task % shape.kv_heads);
+        let job = Tile { pool, layer, shape, queries: &queries[tile.0..tile.1], first_token: tile.0, kv, q, out };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: simd() found AVX2, FMA and F16C on this CPU.
+            return unsafe { job.run_avx2(scratch) };
+        }
+        let _ = simd;
+        job.run(scratch);
+    });
+}
+
+fn simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One task: a tile of queries of one sequence, the query heads of one KV head.
+struct Tile<'a, 'b> {
+    pool: &'a KvPool,
+    layer: usize,
+    shape: &'a AttentionShape<'a>,
+    queries: &'a [QueryPos<'b>],
+    /// Batch index of `queries[0]`.
+    first_token: usize,
+    kv: usize,
+    q: &'a [f32],
+    out: Out,
+}
+
+impl Tile<'_, '_> {
+    /// [`Tile::run`] compiled for AVX2 + FMA (the loops vectorise to 256-bit FMAs).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_avx2(&self, scratch: &mut TaskScratch) {
+        self.run(scratch)
+    }
+
+    #[inline(always)]
+    fn run(&self, TaskScratch { block, scores }: &mut TaskScratch) {
+        let shape = self.shape;
+        let hd = shape.head_dim;
+        let group = shape.heads / shape.kv_heads;
+        let (kv, layer) = (self.kv, self.layer);
+        // Every position some query of the tile sees: lo..hi; scores are indexed from lo.
+        let lo = self.queries.iter().map(|q| q.first).min().unwrap();
+        let hi = self.queries.iter().map(|q| q.pos + 1).max().unwrap();
+        let len = hi - lo;
+        let span = QueryPos { table: self.queries[0].table, pos: hi - 1, first: lo };
+        let rows = self.queries.len() * group;
+        scores.clear();
+        scores.resize(rows * len, 0.0);
+        block.resize(BLOCK_TOKENS * hd, 0.0);
+        let query = |i: usize, g: usize| {
+            let t = self.first_token + i;
+            &self.q[(t * shape.heads + kv * group + g) * hd..][..hd]
+        };
+        // The slots of the block starting at `start` that query `i` sees, of those widened.
+        let seen = |i: usize, start: usize, from: usize, to: usize| {
+            let qp = &self.queries[i];
+            (qp.first.max(start + from) - start, (qp.pos + 1).min(start + to).max(start) - start)
+        };
+        // Scores, one block of keys at a time.
+        for (id, start, from, to) in visible(&span) {
+            let LayerBlock::F16 { k, .. } = self.pool.layer(id, layer);
+            k[kv * BLOCK_TOKENS * hd..][from * hd..to * hd].convert_to_f32_slice(&mut block[from * hd..to * hd]);
+            for i in 0..self.queries.len() {
+                let (a, b) = seen(i, start, from, to);
                 for g in 0..group {
-                    let qg = &qs[g * hd..(g + 1) * hd];
-                    for s in lo..n {
-                        scores[g * len + start + s - first] = dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale;
+                    let (qg, row) = (query(i, g), &mut scores[(i * group + g) * len..][..len]);
+                    for s in a..b {
+                        row[start + s - lo] = dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale;
                     }
                 }
             }
+        }
+        for i in 0..self.queries.len() {
+            let qp = &self.queries[i];
             for g in 0..group {
                 let sink = shape.sinks.map(|s| s[kv * group + g]);
-                softmax(&mut scores[g * len..(g + 1) * len], sink);
+                softmax(&mut scores[(i * group + g) * len..][qp.first - lo..qp.pos + 1 - lo], sink);
             }
-            out.fill(0.0);
-            for (id, start, lo, n) in visible(query) {
-                let LayerBlock::F16 { v, .. } = pool.layer(id, layer);
-                v[kv * BLOCK_TOKENS * hd..][lo * hd..n * hd].convert_to_f32_slice(&mut block[lo * hd..n * hd]);
+        }
+        // SAFETY: this task alone writes the heads kv*group..(kv+1)*group of its tokens, which
+        // lie inside `out` (asserted in attend).
+        let out_row = |i: usize, g: usize| unsafe {
+            let t = self.first_token + i;
+            std::slice::from_raw_parts_mut(self.out.0.add((t * shape.heads + kv * group + g) * hd), hd)
+        };
+        for i in 0..self.queries.len() {
+            for g in 0..group {
+                out_row(i, g).fill(0.0);
+            }
+        }
+        for (id, start, from, to) in visible(&span) {
+            let LayerBlock::F16 { v, .. } = self.pool.layer(id, layer);
+            v[kv * BLOCK_TOKENS * hd..][from * hd..to * hd].convert_to_f32_slice(&mut block[from * hd..to * hd]);
+            for i in 0..self.queries.len() {
+                let (a, b) = seen(i, start, from, to);
                 for g in 0..group {
-                    let og = &mut out[g * hd..(g + 1) * hd];
-                    for s in lo..n {
-                        let w = scores[g * len + start + s - first];
+                    let (og, row) = (out_row(i, g), &scores[(i * group + g) * len..][..len]);
+                    for s in a..b {
+                        let w = row[start + s - lo];
                         for (o, x) in og.iter_mut().zip(&block[s * hd..(s + 1) * hd]) {
                             *o += w * x;
                         }
                     }
                 }
             }
-        },
-    );
+        }
+    }
 }
 
 /// The blocks a query sees, in order: (block, its first position, the first and one past the
@@ -98,6 +204,7 @@ fn visible<'a>(query: &'a QueryPos<'_>) -> impl Iterator<Item = (BlockId, usize,
         .map(move |(id, start)| (id, start, first.saturating_sub(start), (seen - start).min(BLOCK_TOKENS)))
 }
 
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let main = a.len() / 8 * 8;
@@ -110,6 +217,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Softmax of `x` in place; a `sink` logit counts in the denominator only.
+#[inline(always)]
 fn softmax(x: &mut [f32], sink: Option<f32>) {
     let max = x.iter().copied().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let mut sum = sink.map_or(0.0, |s| (s - max).exp());

@@ -23,6 +23,9 @@ const TILE: usize = 4;
 /// threshold at 8 (bench/RESULTS.md, "The native engine").
 const GEMM_MIN_ROWS: usize = 24;
 const PANEL: usize = 32;
+/// From this many input rows on (below [`GEMM_MIN_ROWS`]), a decode task widens its weight tile
+/// to f32 once and runs the f32 kernels over it.
+const WIDEN_MIN_ROWS: usize = 8;
 
 pub struct Linear {
     weight: TensorView,
@@ -64,6 +67,16 @@ impl Linear {
     /// Output rows `r0..r1` for every input row: AVX2 kernels reading the weights as stored
     /// where the CPU has them, else a portable loop over a widened copy.
     fn rows_into(&self, r0: usize, r1: usize, x: &[f32], n: usize, out: Out, scratch: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd() && n >= WIDEN_MIN_ROWS && self.weight.dtype != DType::F32 {
+            // Many inputs: widen the tile once (it stays in L1) rather than once per input pair.
+            self.widen(r0, r1, scratch);
+            // SAFETY: simd() checked AVX2, FMA and F16C; scratch holds (r1 - r0) widened rows.
+            unsafe {
+                rows_simd::<f32>(&scratch[..(r1 - r0) * self.cols], r1 - r0, self.cols, x, n, self.rows, r0, out)
+            };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if simd() {
             let (size, cols) = (self.weight.dtype.size(), self.cols);
@@ -307,6 +320,48 @@ mod tests {
                 } else {
                     assert!(got.is_nan(), "row {r} belongs to another task");
                 }
+            }
+        }
+    }
+
+    /// A bf16 `[rows, cols]` weight in a safetensors file under the temp dir.
+    fn bf16_linear(rows: usize, cols: usize, bias: bool) -> Linear {
+        let values: Vec<half::bf16> =
+            (0..rows * cols).map(|i| half::bf16::from_f32(((i * 7) as f32 * 0.013).sin())).collect();
+        let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols], &bytes).unwrap();
+        let path = std::env::temp_dir().join(format!("llmr-linear-{}-{rows}x{cols}.safetensors", std::process::id()));
+        std::fs::write(&path, safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
+        let ck = crate::checkpoint::Checkpoint::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let b = bias.then(|| (0..rows).map(|r| r as f32 * 0.5).collect());
+        Linear::new(ck.get("w", &[rows, cols]).unwrap(), b)
+    }
+
+    /// Every path (dot kernels on the stored weights, on a widened tile, and the panel GEMM)
+    /// computes `x W^T + b`; the two dot paths give the same bits, so a sequence's logits do not
+    /// depend on how many others share its decode step.
+    #[test]
+    fn every_batch_size_computes_the_same_projection() {
+        let (rows, cols) = (70, 300); // not multiples of the tile or the panel
+        let l = bf16_linear(rows, cols, true);
+        let mut w = vec![0f32; rows * cols];
+        l.widen(0, rows, &mut w);
+        let x: Vec<f32> = (0..40 * cols).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
+        let mut alone = Vec::new();
+        l.forward(&x[..cols], 1, &mut alone);
+        for n in [1, 2, 3, WIDEN_MIN_ROWS - 1, WIDEN_MIN_ROWS, WIDEN_MIN_ROWS + 1, 17, GEMM_MIN_ROWS, 40] {
+            let mut y = Vec::new();
+            l.forward(&x[..n * cols], n, &mut y);
+            for t in 0..n {
+                for r in 0..rows {
+                    let want: f32 = (0..cols).map(|k| x[t * cols + k] * w[r * cols + k]).sum::<f32>() + r as f32 * 0.5;
+                    let got = y[t * rows + r];
+                    assert!((got - want).abs() < 1e-3, "n {n} t {t} r {r}: {got} vs {want}");
+                }
+            }
+            if n < GEMM_MIN_ROWS {
+                assert_eq!(y[..rows], alone[..], "n {n}: the first input's outputs moved with the batch size");
             }
         }
     }
