@@ -1,6 +1,6 @@
-//! Embeddings from a decoder: each input runs through the model on the scheduler's thread
-//! (between generation steps, in prompt-sized chunks, on blocks of its own that are freed at
-//! once and never enter the prefix index), and its final hidden states are pooled.
+//! Embeddings from a decoder: each input runs through the model on the scheduler's thread, one
+//! prompt-sized chunk per turn between generation steps, on blocks of its own that are freed
+//! once it is read and never enter the prefix index; its final hidden states are pooled.
 //!
 //! Pooling is what the checkpoint's sentence-transformers files say (`modules.json` naming a
 //! `Pooling` module whose `config.json` sets `pooling_mode_mean_tokens` or
@@ -76,73 +76,104 @@ pub struct EmbedContext<'a> {
     pub chunk: usize,
 }
 
-impl EmbedContext<'_> {
-    pub fn run(&mut self, job: &EmbedJob) -> Result<Vec<Vec<f32>>, EngineError> {
-        job.inputs
-            .iter()
-            .map(|input| {
-                let mut v = self.one(input, job.pooling)?;
-                if job.normalize {
-                    llmr_engine_sdk::vectors::l2_normalize(&mut v);
-                }
-                Ok(v)
-            })
-            .collect()
+/// An embedding request in progress. It advances one prompt chunk per scheduler turn, between
+/// generation steps, so a large batch of inputs does not stall the streams running beside it.
+pub struct EmbedRun {
+    job: EmbedJob,
+    /// The input being read, and how many of its tokens are in `table`.
+    input: usize,
+    read: usize,
+    table: BlockTable,
+    pooled: Vec<f32>,
+    done: Vec<Vec<f32>>,
+}
+
+impl EmbedRun {
+    pub fn new(job: EmbedJob) -> Self {
+        let done = Vec::with_capacity(job.inputs.len());
+        EmbedRun { job, input: 0, read: 0, table: BlockTable::default(), pooled: Vec::new(), done }
     }
 
-    fn one(&mut self, input: &[u32], pooling: Pooling) -> Result<Vec<f32>, EngineError> {
-        let mut table = BlockTable::default();
-        let result = self.through(&mut table, input, pooling);
-        self.pool.free_table(&mut table);
-        result
-    }
-
-    fn through(&mut self, table: &mut BlockTable, input: &[u32], pooling: Pooling) -> Result<Vec<f32>, EngineError> {
-        let mut pooled: Vec<f32> = Vec::new();
-        for (c, chunk) in input.chunks(self.chunk.max(1)).enumerate() {
-            self.pool.reserve(table, chunk.len()).map_err(|full| {
-                EngineError::new(
-                    ErrorCode::OomRam,
-                    format!(
-                        "no room in the KV cache for an input of {} tokens while requests run ({} blocks short); retry",
-                        input.len(),
-                        full.0
-                    ),
-                )
-            })?;
-            let start = c * self.chunk.max(1);
-            let last = start + chunk.len() == input.len();
-            let batch: Vec<BatchToken> = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, &token)| BatchToken {
-                    token,
-                    seq: 0,
-                    pos: start + i,
-                    logits: pooling == Pooling::Mean || (last && i + 1 == chunk.len()),
-                })
-                .collect();
-            table.len += chunk.len();
-            let (model, pool, scratch) = (self.model, &mut *self.pool, &mut *self.scratch);
-            let tables = [&*table];
-            let hidden = self.threads.install(|| model.hidden(pool, &tables, &batch, scratch));
-            let rows = batch.iter().filter(|b| b.logits).count();
-            if rows == 0 {
-                continue;
+    /// Reads the next chunk; once the job is answered (every vector, or the failure), frees
+    /// its blocks and returns true.
+    pub fn advance(&mut self, ctx: &mut EmbedContext<'_>) -> bool {
+        if self.job.inputs.is_empty() {
+            let _ = self.job.reply.send(Ok(Vec::new()));
+            return true;
+        }
+        match self.chunk(ctx) {
+            Ok(false) => false,
+            Ok(true) => {
+                let _ = self.job.reply.send(Ok(std::mem::take(&mut self.done)));
+                true
             }
-            let d = hidden.len() / rows;
-            pooled.resize(d, 0.0);
+            Err(e) => {
+                self.abandon(ctx.pool, e);
+                true
+            }
+        }
+    }
+
+    /// Answers the job with `error` and frees its blocks.
+    pub fn abandon(&mut self, pool: &mut KvPool, error: EngineError) {
+        pool.free_table(&mut self.table);
+        let _ = self.job.reply.send(Err(error));
+    }
+
+    /// One chunk of the current input; true when the last input is done.
+    fn chunk(&mut self, ctx: &mut EmbedContext<'_>) -> Result<bool, EngineError> {
+        let pooling = self.job.pooling;
+        let input = &self.job.inputs[self.input];
+        let (start, end) = (self.read, (self.read + ctx.chunk.max(1)).min(input.len()));
+        ctx.pool.reserve(&mut self.table, end - start).map_err(|full| {
+            EngineError::new(
+                ErrorCode::OomRam,
+                format!(
+                    "no room in the KV cache for an input of {} tokens while requests run ({} blocks short); retry",
+                    input.len(),
+                    full.0
+                ),
+            )
+        })?;
+        let batch: Vec<BatchToken> = (start..end)
+            .map(|pos| BatchToken {
+                token: input[pos],
+                seq: 0,
+                pos,
+                logits: pooling == Pooling::Mean || pos + 1 == input.len(),
+            })
+            .collect();
+        self.table.len = end;
+        self.read = end;
+        let (model, pool, scratch) = (ctx.model, &mut *ctx.pool, &mut *ctx.scratch);
+        let tables = [&self.table];
+        let hidden = ctx.threads.install(|| model.hidden(pool, &tables, &batch, scratch));
+        let rows = batch.iter().filter(|b| b.logits).count();
+        if let Some(d) = hidden.len().checked_div(rows) {
+            self.pooled.resize(d, 0.0);
             for row in hidden.chunks_exact(d) {
-                for (p, h) in pooled.iter_mut().zip(row) {
+                for (p, h) in self.pooled.iter_mut().zip(row) {
                     *p += h;
                 }
             }
         }
+        if end < input.len() {
+            return Ok(false);
+        }
+        // The input is read: pool it, and free its blocks for the next.
+        let mut v = std::mem::take(&mut self.pooled);
         if pooling == Pooling::Mean {
             let n = input.len() as f32;
-            pooled.iter_mut().for_each(|p| *p /= n);
+            v.iter_mut().for_each(|p| *p /= n);
         }
-        Ok(pooled)
+        if self.job.normalize {
+            llmr_engine_sdk::vectors::l2_normalize(&mut v);
+        }
+        self.done.push(v);
+        ctx.pool.free_table(&mut self.table);
+        self.table = BlockTable::default();
+        (self.input, self.read) = (self.input + 1, 0);
+        Ok(self.input == self.job.inputs.len())
     }
 }
 

@@ -8,7 +8,7 @@
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
 
 use crate::arch::{BatchToken, Model, Scratch};
-use crate::embed::{EmbedContext, EmbedJob};
+use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
@@ -35,7 +35,7 @@ pub struct Job {
 
 pub enum Command {
     Infer(Job),
-    /// Embeddings, computed before the next step.
+    /// Embeddings, read one prompt chunk per turn between steps.
     Embed(EmbedJob),
     /// New step settings (`set_config`); they apply from the next step.
     Step {
@@ -99,6 +99,8 @@ pub struct Scheduler {
     settings: StepSettings,
     running: Vec<Running>,
     queue: VecDeque<Job>,
+    /// Embedding requests, oldest first; the first advances one chunk per turn.
+    embeds: VecDeque<EmbedRun>,
     scratch: Scratch,
     pacer: Pacer,
     stats: Arc<Stats>,
@@ -127,6 +129,7 @@ impl Scheduler {
             settings,
             running: Vec::new(),
             queue: VecDeque::new(),
+            embeds: VecDeque::new(),
             scratch: Scratch::default(),
             pacer: Pacer::default(),
             stats,
@@ -136,7 +139,7 @@ impl Scheduler {
 
     pub fn run(mut self, commands: Receiver<Command>) {
         loop {
-            if self.running.is_empty() && self.queue.is_empty() {
+            if self.running.is_empty() && self.queue.is_empty() && self.embeds.is_empty() {
                 match commands.recv() {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
@@ -154,6 +157,18 @@ impl Scheduler {
             self.drop_cancelled();
             self.admit();
             self.stats.queued.store(self.queue.len() as u64, Ordering::Relaxed);
+            if let Some(run) = self.embeds.front_mut() {
+                let mut ctx = EmbedContext {
+                    model: &self.model,
+                    pool: &mut self.pool,
+                    threads: &self.threads,
+                    scratch: &mut self.scratch,
+                    chunk: self.settings.prefill_chunk,
+                };
+                if run.advance(&mut ctx) {
+                    self.embeds.pop_front();
+                }
+            }
             if !self.running.is_empty() {
                 self.step();
             }
@@ -169,14 +184,7 @@ impl Scheduler {
                 true
             }
             Command::Embed(job) => {
-                let mut ctx = EmbedContext {
-                    model: &self.model,
-                    pool: &mut self.pool,
-                    threads: &self.threads,
-                    scratch: &mut self.scratch,
-                    chunk: self.settings.prefill_chunk,
-                };
-                let _ = job.reply.send(ctx.run(&job));
+                self.embeds.push_back(EmbedRun::new(job));
                 true
             }
             Command::Step { prefill_chunk, prefill_stall } => {
@@ -185,6 +193,9 @@ impl Scheduler {
                 true
             }
             Command::Shutdown => {
+                for mut run in self.embeds.drain(..) {
+                    run.abandon(&mut self.pool, EngineError::cancelled());
+                }
                 for job in self.queue.drain(..) {
                     let _ = job.events.send(Event::Failed(EngineError::cancelled()));
                 }
