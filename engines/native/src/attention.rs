@@ -4,6 +4,8 @@
 //! and one key/value head: it widens each block's keys or values to f32 once for the whole
 //! tile. The task body is compiled a second time for AVX2 + FMA, chosen at run time.
 
+use crate::kernels::panel::Out;
+use crate::kernels::simd;
 use crate::kv_cache::{BlockId, BlockTable, KvPool, LayerBlock, BLOCK_TOKENS};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -31,13 +33,6 @@ pub struct AttentionShape<'a> {
 /// Consecutive queries of one sequence (a prompt chunk) one task takes together, so that each
 /// block of keys and values is widened to f32 once for all of them rather than once per query.
 const QUERY_TILE: usize = 16;
-
-/// The output pointer the tasks share: each writes the heads of its own (queries, KV head).
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements and the buffer outlives the parallel call.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// Per-task buffers: one block of widened keys or values, and the scores of the tile's queries.
 #[derive(Default)]
@@ -77,17 +72,6 @@ pub fn attend(
         let _ = simd;
         job.run(scratch);
     });
-}
-
-fn simd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// One task: a tile of queries of one sequence, the query heads of one KV head.

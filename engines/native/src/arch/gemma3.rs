@@ -18,7 +18,9 @@
 //! attention skips what lies outside the window. Bounding their memory to the window is left
 //! for later.
 
-use super::{attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Output, Scratch};
+use super::{
+    attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Ends, Output, Scratch,
+};
 use crate::checkpoint::{Checkpoint, CheckpointError, DType};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::kernels::linear::{forward_many, Linear};
@@ -42,13 +44,11 @@ struct Layer {
 
 pub struct Gemma3 {
     config: ModelConfig,
-    embed: Linear,
+    /// Tied embeddings unless config.json says otherwise (Gemma3TextConfig's default).
+    ends: Ends,
     /// `sqrt(hidden)` rounded to the embedding's type (`Gemma3TextScaledWordEmbedding`).
     embed_scale: f32,
-    /// `None`: tied to the embeddings (the default).
-    lm_head: Option<Linear>,
     layers: Vec<Layer>,
-    norm: Vec<f32>,
     /// Sliding layers: `rope_local_base_freq`, no scaling.
     rope_local: Rope,
     /// Full layers: `rope_theta` with `rope_scaling`.
@@ -70,10 +70,8 @@ fn embed_scale(hidden: usize, dtype: DType) -> f32 {
 impl Gemma3 {
     pub fn load(c: &ModelConfig, ck: &Checkpoint) -> Result<Self, CheckpointError> {
         let (d, hd) = (c.hidden, c.head_dim);
-        let embed_weight = ck.get("model.embed_tokens.weight", &[c.vocab, d])?;
-        let embed_scale = embed_scale(d, embed_weight.dtype);
-        let embed = Linear::new(embed_weight, None);
-        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, d, false)?) };
+        let ends = Ends::load(ck, c)?;
+        let embed_scale = embed_scale(d, ends.embed.dtype());
         let layers = (0..c.layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -94,11 +92,9 @@ impl Gemma3 {
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;
         Ok(Gemma3 {
-            embed,
+            ends,
             embed_scale,
-            lm_head,
             layers,
-            norm: vector(ck, "model.norm.weight", d)?,
             rope_local: Rope::new(hd, c.rope_local_theta, &RopeScaling::None),
             rope_global: Rope::new(hd, c.rope_theta, &c.rope_scaling),
             config: c.clone(),
@@ -115,7 +111,7 @@ impl Gemma3 {
     ) -> Vec<f32> {
         let c = &self.config;
         let (n, d, eps) = (batch.len(), c.hidden, c.rms_eps);
-        embed_tokens(&self.embed, batch, d, &mut s.x);
+        embed_tokens(&self.ends.embed, batch, d, &mut s.x);
         scale(&mut s.x, self.embed_scale);
         let shape = attention_shape(c, None);
         for (li, l) in self.layers.iter().enumerate() {
@@ -138,8 +134,8 @@ impl Gemma3 {
             rms_norm_gemma(&s.o, &l.post_ff_norm, eps, &mut s.h);
             add(&mut s.x, &s.h);
         }
-        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm_gemma(x, &self.norm, eps, out);
-        let mut out = finish(batch, d, s, output, norm, self.lm_head.as_ref().unwrap_or(&self.embed));
+        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm_gemma(x, &self.ends.norm, eps, out);
+        let mut out = finish(batch, d, s, output, norm, self.ends.head());
         if let (Output::Logits, Some(cap)) = (output, c.final_logit_softcap) {
             softcap(&mut out, cap);
         }

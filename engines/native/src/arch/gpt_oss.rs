@@ -11,7 +11,9 @@
 //! - expert weights read straight from their MXFP4 blocks on disk (`kernels::mxfp4`): a 20B
 //!   model's experts stay about 4.25 bits a weight in memory.
 
-use super::{attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Output, Scratch};
+use super::{
+    attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Ends, Output, Scratch,
+};
 use crate::checkpoint::{ByteTensor, Checkpoint, CheckpointError};
 use crate::config::{LayerAttention, ModelConfig};
 use crate::kernels::linear::Linear;
@@ -156,11 +158,8 @@ struct Layer {
 
 pub struct GptOss {
     config: ModelConfig,
-    embed: Linear,
-    /// `None`: tied to the embeddings.
-    lm_head: Option<Linear>,
+    ends: Ends,
     layers: Vec<Layer>,
-    norm: Vec<f32>,
     rope: Rope,
 }
 
@@ -168,8 +167,6 @@ impl GptOss {
     pub fn load(c: &ModelConfig, ck: &Checkpoint) -> Result<Self, CheckpointError> {
         let (d, hd) = (c.hidden, c.head_dim);
         let experts = c.experts.expect("config.rs gives every gpt_oss config its experts");
-        let embed = linear(ck, "model.embed_tokens", c.vocab, d, false)?;
-        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, d, false)?) };
         let layers = (0..c.layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -202,10 +199,8 @@ impl GptOss {
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;
         Ok(GptOss {
-            embed,
-            lm_head,
+            ends: Ends::load(ck, c)?,
             layers,
-            norm: vector(ck, "model.norm.weight", d)?,
             rope: Rope::new(hd, c.rope_theta, &c.rope_scaling),
             config: c.clone(),
         })
@@ -221,7 +216,7 @@ impl GptOss {
     ) -> Vec<f32> {
         let c = &self.config;
         let (n, d) = (batch.len(), c.hidden);
-        embed_tokens(&self.embed, batch, d, &mut s.x);
+        embed_tokens(&self.ends.embed, batch, d, &mut s.x);
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
             let window = if l.sliding { c.sliding_window } else { usize::MAX };
@@ -232,7 +227,7 @@ impl GptOss {
             l.moe.forward(&s.h, n, &mut s.o, &mut s.gate);
             add(&mut s.x, &s.o);
         }
-        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm(x, &self.norm, c.rms_eps, out);
-        finish(batch, d, s, output, norm, self.lm_head.as_ref().unwrap_or(&self.embed))
+        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm(x, &self.ends.norm, c.rms_eps, out);
+        finish(batch, d, s, output, norm, self.ends.head())
     }
 }

@@ -2,7 +2,9 @@
 //! rotary positions and a SwiGLU MLP, RMS norms, optionally tied embeddings; qwen2 adds biases
 //! to the q/k/v projections.
 
-use super::{attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Output, Scratch};
+use super::{
+    attention_shape, embed_tokens, finish, linear, vector, AttentionWeights, BatchToken, Ends, Output, Scratch,
+};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::config::ModelConfig;
 use crate::kernels::linear::{forward_many, Linear};
@@ -21,19 +23,14 @@ struct Layer {
 
 pub struct Llama {
     config: ModelConfig,
-    embed: Linear,
-    /// `None`: tied to the embeddings.
-    lm_head: Option<Linear>,
+    ends: Ends,
     layers: Vec<Layer>,
-    norm: Vec<f32>,
     rope: Rope,
 }
 
 impl Llama {
     pub fn load(c: &ModelConfig, ck: &Checkpoint) -> Result<Self, CheckpointError> {
         let (d, hd) = (c.hidden, c.head_dim);
-        let embed = linear(ck, "model.embed_tokens", c.vocab, d, false)?;
-        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, d, false)?) };
         let layers = (0..c.layers)
             .map(|i| {
                 let p = format!("model.layers.{i}");
@@ -48,10 +45,8 @@ impl Llama {
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;
         Ok(Llama {
-            embed,
-            lm_head,
+            ends: Ends::load(ck, c)?,
             layers,
-            norm: vector(ck, "model.norm.weight", d)?,
             rope: Rope::new(hd, c.rope_theta, &c.rope_scaling),
             config: c.clone(),
         })
@@ -67,7 +62,7 @@ impl Llama {
     ) -> Vec<f32> {
         let c = &self.config;
         let (n, d) = (batch.len(), c.hidden);
-        embed_tokens(&self.embed, batch, d, &mut s.x);
+        embed_tokens(&self.ends.embed, batch, d, &mut s.x);
         let shape = attention_shape(c, None);
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &l.input_norm, c.rms_eps, &mut s.h);
@@ -79,7 +74,7 @@ impl Llama {
             l.down.forward(&s.gate, n, &mut s.o);
             add(&mut s.x, &s.o);
         }
-        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm(x, &self.norm, c.rms_eps, out);
-        finish(batch, d, s, output, norm, self.lm_head.as_ref().unwrap_or(&self.embed))
+        let norm = |x: &[f32], out: &mut Vec<f32>| rms_norm(x, &self.ends.norm, c.rms_eps, out);
+        finish(batch, d, s, output, norm, self.ends.head())
     }
 }

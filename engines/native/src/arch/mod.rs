@@ -69,6 +69,31 @@ pub(crate) fn embed_tokens(embed: &Linear, batch: &[BatchToken], d: usize, x: &m
     }
 }
 
+/// What every architecture has around its layers: the embedding table, the output head (the
+/// embeddings again when config.json ties them: no `lm_head.weight` in the file) and the final
+/// norm's weights.
+pub(crate) struct Ends {
+    pub embed: Linear,
+    lm_head: Option<Linear>,
+    pub norm: Vec<f32>,
+}
+
+impl Ends {
+    pub(crate) fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
+        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, c.hidden, false)?) };
+        Ok(Ends {
+            embed: linear(ck, "model.embed_tokens", c.vocab, c.hidden, false)?,
+            lm_head,
+            norm: vector(ck, "model.norm.weight", c.hidden)?,
+        })
+    }
+
+    /// The vocabulary projection.
+    pub(crate) fn head(&self) -> &Linear {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
 /// A layer's attention projections (`{prefix}.q_proj` .. `o_proj`, biased as the config says).
 pub(crate) struct AttentionWeights {
     q: Linear,

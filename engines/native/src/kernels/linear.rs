@@ -10,6 +10,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::panel::{panel_gemm, Out};
+#[cfg(target_arch = "x86_64")]
+use super::simd;
 use crate::checkpoint::{DType, TensorView};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -41,6 +43,11 @@ impl Linear {
         let (rows, cols) = (weight.shape[0], weight.shape[1]);
         debug_assert!(bias.as_ref().is_none_or(|b| b.len() == rows));
         Linear { weight, bias, rows, cols }
+    }
+
+    /// How the weight is stored.
+    pub fn dtype(&self) -> DType {
+        self.weight.dtype
     }
 
     /// `x`: `n x cols`; returns `y`: `n x rows`.
@@ -156,14 +163,6 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
             }
         },
     );
-}
-
-/// Whether the AVX2 kernels can run (the answer is cached by the standard library).
-#[cfg(target_arch = "x86_64")]
-fn simd() -> bool {
-    std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
 }
 
 /// [`tile`] with the AVX2 kernels, reading `nr` weight rows `w` as stored.

@@ -1,7 +1,8 @@
-//! What the matrix kernels share: the output pointer their row tasks write through, and the
-//! GEMM over a panel of weight rows widened (or dequantized) to f32 that prefill runs.
+//! What the parallel kernels share: the output pointer their tasks write through, and the GEMM
+//! over a panel of weight rows widened (or dequantized) to f32 that prefill runs.
 
-/// A raw output pointer the tasks share: each task writes a disjoint set of output columns.
+/// A raw output pointer the tasks of one parallel call share: each task writes a disjoint set
+/// of elements (its own output rows, or its own attention heads).
 #[derive(Clone, Copy)]
 pub(crate) struct Out(pub *mut f32);
 // SAFETY: tasks write disjoint elements (their own output rows) and the buffer outlives the
