@@ -64,15 +64,25 @@ fn wanted_backend(options: &DiscoveryOptions, available: &[String]) -> Option<St
 pub fn discover(root: &Path, options: &DiscoveryOptions, registry: &mut EngineRegistry) -> Vec<FoundPlugin> {
     let mut found = Vec::new();
     for engine_dir in sorted_subdirs(root) {
-        let backend_dirs: Vec<PathBuf> =
-            sorted_subdirs(&engine_dir).into_iter().filter(|d| d.join("manifest.json").is_file()).collect();
-        let names: Vec<String> =
-            backend_dirs.iter().filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+        let backends: Vec<(PathBuf, String, Result<Manifest, ManifestError>)> = sorted_subdirs(&engine_dir)
+            .into_iter()
+            .filter(|d| d.join("manifest.json").is_file())
+            .map(|d| {
+                let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let manifest = Manifest::load(&d, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
+                (d, name, manifest)
+            })
+            .collect();
+        // A folder whose library was never built (a GPU variant on a machine that built only
+        // the CPU one) does not take the place of one that was.
+        let built = |m: &Result<Manifest, ManifestError>| !matches!(m, Err(ManifestError::BinaryNotFound(_)));
+        let names: Vec<String> = backends.iter().filter(|(_, _, m)| built(m)).map(|(_, n, _)| n.clone()).collect();
         let wanted = wanted_backend(options, &names);
-        for dir in backend_dirs {
-            let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let manifest = Manifest::load(&dir, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
+        for (dir, name, manifest) in backends {
             let state = match (&manifest, wanted.as_deref() == Some(name.as_str())) {
+                (Err(ManifestError::BinaryNotFound(p)), _) if wanted.is_some() => {
+                    PluginState::Skipped(format!("not built here ({} is missing)", p.display()))
+                }
                 (Err(e), _) => PluginState::Refused(e.to_string()),
                 (Ok(_), false) => PluginState::Skipped(skip_reason(options, &name)),
                 (Ok(m), true) => match load_one(&dir, m.clone(), registry) {

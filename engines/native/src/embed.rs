@@ -147,7 +147,10 @@ impl EmbedRun {
         self.read = end;
         let (model, pool, scratch) = (ctx.model, &mut *ctx.pool, &mut *ctx.scratch);
         let tables = [&self.table];
-        let hidden = ctx.threads.install(|| model.hidden(pool, &tables, &batch, scratch));
+        let hidden = ctx
+            .threads
+            .install(|| model.hidden(pool, &tables, &batch, scratch))
+            .map_err(|e| EngineError::new(ErrorCode::Internal, format!("the forward pass failed: {e}")))?;
         let rows = batch.iter().filter(|b| b.logits).count();
         if let Some(d) = hidden.len().checked_div(rows) {
             self.pooled.resize(d, 0.0);

@@ -62,6 +62,9 @@ pub struct BlockTable {
 
 pub struct KvPool {
     shape: Shape,
+    /// Whether blocks carry their keys and values here (false: a GPU holds them, indexed by
+    /// the same block ids, and this pool only allocates, shares and indexes).
+    stored: bool,
     blocks: Vec<Block>,
     capacity: usize,
     free: Vec<BlockId>,
@@ -90,7 +93,21 @@ fn chain(prev: u64, tokens: &[u32]) -> u64 {
 impl KvPool {
     /// A pool of at most `capacity` blocks, allocated as they are first used.
     pub fn new(shape: Shape, capacity: usize) -> Self {
-        KvPool { shape, blocks: Vec::new(), capacity, free: Vec::new(), idle: VecDeque::new(), index: HashMap::new() }
+        KvPool {
+            shape,
+            stored: true,
+            blocks: Vec::new(),
+            capacity,
+            free: Vec::new(),
+            idle: VecDeque::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    /// A pool whose blocks' keys and values live elsewhere (a device buffer of `capacity`
+    /// blocks indexed by block id): `write` and `layer` are not for it.
+    pub fn without_storage(shape: Shape, capacity: usize) -> Self {
+        KvPool { stored: false, ..Self::new(shape, capacity) }
     }
 
     pub fn shape(&self) -> Shape {
@@ -117,8 +134,9 @@ impl KvPool {
                 k: vec![f16::ZERO; n].into_boxed_slice(),
                 v: vec![f16::ZERO; n].into_boxed_slice(),
             };
+            let layers = if self.stored { self.shape.layers } else { 0 };
             self.blocks.push(Block {
-                layers: (0..self.shape.layers).map(|_| layer()).collect(),
+                layers: (0..layers).map(|_| layer()).collect(),
                 refs: 0,
                 key: None,
                 tokens: [0; BLOCK_TOKENS],

@@ -8,6 +8,8 @@ pub mod arch;
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod embed;
 pub mod kernels;
 pub mod kv_cache;
@@ -112,6 +114,32 @@ impl NativeEngine {
         }))?;
         relay(rx, sink, &cancel)
     }
+
+    /// The model's weights where the instance runs (CPU, or the configured GPU), with a pool of
+    /// `blocks` KV blocks whose storage lives beside them.
+    fn place(
+        &self,
+        config: &ModelConfig,
+        checkpoint: &Checkpoint,
+        shape: Shape,
+        blocks: usize,
+    ) -> Result<(Model, KvPool), EngineError> {
+        #[cfg(feature = "cuda")]
+        if self.config.gpu_backend == abi::LLMR_GPU_CUDA {
+            use cuda::{GpuError, LoadError};
+            let device = self.config.device_id.max(0) as usize;
+            let model = cuda::CudaModel::load(config, checkpoint, device, (shape, blocks), Some(self.config.logger))
+                .map_err(|e| match e {
+                    LoadError::Checkpoint(e) => corrupt(e),
+                    LoadError::Gpu(GpuError::OutOfMemory(m)) => EngineError::new(ErrorCode::OomVram, m),
+                    LoadError::Gpu(e) => EngineError::load_failed(e.to_string()),
+                    LoadError::Unsupported(m) => EngineError::new(ErrorCode::Unsupported, m),
+                })?;
+            self.config.logger.info(&format!("weights and KV cache on {}", model.device_name()));
+            return Ok((Model::Cuda(Box::new(model)), KvPool::without_storage(shape, blocks)));
+        }
+        Ok((Model::load(config, checkpoint).map_err(corrupt)?, KvPool::new(shape, blocks)))
+    }
 }
 
 impl Engine for NativeEngine {
@@ -125,8 +153,12 @@ impl Engine for NativeEngine {
     }
 
     fn create(config: EngineConfig) -> Result<Self, EngineError> {
-        if config.gpu_backend != abi::LLMR_GPU_CPU {
-            return Err(EngineError::new(ErrorCode::Unsupported, "the native engine runs on the CPU only (for now)"));
+        let cuda = cfg!(feature = "cuda") && config.gpu_backend == abi::LLMR_GPU_CUDA;
+        if config.gpu_backend != abi::LLMR_GPU_CPU && !cuda {
+            return Err(EngineError::new(
+                ErrorCode::Unsupported,
+                "this build of the native engine runs on the CPU, and on CUDA GPUs when built with the `cuda` feature",
+            ));
         }
         let param = |key: &str| config.params.get(key).and_then(|v| v.as_f64());
         let prefill_chunk = param("prefill_chunk").map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1.0, 65536.0) as usize);
@@ -157,7 +189,6 @@ impl Engine for NativeEngine {
             _ => EngineError::load_failed(e.to_string()),
         })?;
         let checkpoint = Checkpoint::open(&desc.primary_file).map_err(corrupt)?;
-        let model = Arc::new(Model::load(&config, &checkpoint).map_err(corrupt)?);
         let tokenizer = Arc::new(
             ModelTokenizer::load(&desc.model_dir, config.vocab, &config.eos, config.bos)
                 .map_err(|e| EngineError::load_failed(e.to_string()))?,
@@ -170,7 +201,8 @@ impl Engine for NativeEngine {
         let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
         // Every slot can hold a full context; blocks are allocated as they are first used.
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
-        let pool = KvPool::new(shape, kv_blocks);
+        let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
+        let model = Arc::new(model);
         let pool_threads = Arc::new(
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)

@@ -129,6 +129,16 @@ impl Rope {
         Rope { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), attention_factor }
     }
 
+    /// The inverse frequency of each rotated pair (`head_dim / 2`).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// The factor on cos and sin (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        self.attention_factor
+    }
+
     /// Rotates every head of `x` (`heads x head_dim`, contiguous) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         let half = head_dim / 2;

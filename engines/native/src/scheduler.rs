@@ -13,7 +13,7 @@ use crate::kv_cache::{BlockTable, KvPool};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
-use llmr_engine_sdk::{EngineError, FinishReason, Logger, Sampling};
+use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger, Sampling};
 use llmr_sampling::{logprobs, Pacer, Sampler};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -336,7 +336,10 @@ impl Scheduler {
         let started = Instant::now();
         let tables: Vec<&BlockTable> = self.running.iter().map(|r| &r.table).collect();
         let (model, pool, scratch) = (&self.model, &mut self.pool, &mut self.scratch);
-        let logits = self.threads.install(|| model.forward(pool, &tables, &batch, scratch));
+        let logits = match self.threads.install(|| model.forward(pool, &tables, &batch, scratch)) {
+            Ok(logits) => logits,
+            Err(e) => return self.fail_running(&e.to_string()),
+        };
         self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
         for r in self.running.iter_mut() {
@@ -414,6 +417,19 @@ impl Scheduler {
             self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
             self.finish(longest, FinishReason::Length);
         }
+    }
+
+    /// Ends every running sequence with an error (a forward pass failed: a GPU error); the
+    /// scheduler stays up for the next requests.
+    fn fail_running(&mut self, error: &str) {
+        self.logger.error(&format!("forward pass failed: {error}"));
+        for mut r in self.running.drain(..) {
+            self.pool.free_table(&mut r.table);
+            let e = EngineError::new(ErrorCode::Internal, format!("the forward pass failed: {error}"));
+            let _ = r.job.events.send(Event::Failed(e));
+        }
+        self.stats.running.store(0, Ordering::Relaxed);
+        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) {

@@ -144,3 +144,27 @@ fn cpu_plugins_load_only_where_allowed_and_gpu_folders_win() {
         found.iter().filter(|f| matches!(f.state, PluginState::Loaded(_))).map(|f| f.folder_backend()).collect();
     assert_eq!(loaded, vec!["cuda"]);
 }
+
+#[test]
+fn a_gpu_folder_whose_library_was_not_built_leaves_the_cpu_one_in_place() {
+    let root = tempfile::tempdir().unwrap();
+    install_echo(root.path());
+    // The repository ships engines/native/cuda/manifest.json; a machine that built only the CPU
+    // library has no library beside it.
+    install(root.path(), "echo", "cuda", &echo_manifest(|m| m["gpu_backends"] = serde_json::json!(["cuda"])), None);
+    let mut registry = EngineRegistry::new();
+    let found =
+        discover(root.path(), &DiscoveryOptions { gpu: Some(GpuBackend::Cuda), allow_cpu: true }, &mut registry);
+    let state = |backend: &str| &found.iter().find(|f| f.folder_backend() == backend).unwrap().state;
+    assert!(matches!(state("cpu"), PluginState::Loaded(_)), "{found:?}");
+    match state("cuda") {
+        PluginState::Skipped(why) => assert!(why.contains("not built here"), "{why}"),
+        other => panic!("expected the unbuilt cuda folder to be skipped, got {other:?}"),
+    }
+    // Without a CPU fallback the missing library is the reason nothing loads: a refusal.
+    let mut registry = EngineRegistry::new();
+    let found =
+        discover(root.path(), &DiscoveryOptions { gpu: Some(GpuBackend::Cuda), allow_cpu: false }, &mut registry);
+    let cuda = found.iter().find(|f| f.folder_backend() == "cuda").unwrap();
+    assert!(matches!(&cuda.state, PluginState::Refused(why) if why.contains("not found")), "{found:?}");
+}

@@ -58,7 +58,7 @@ pub struct Gemma3 {
 /// transformers keeps `sqrt(hidden)` as an f32 tensor and casts it to the weights' type before
 /// multiplying (`embed_scale.to(self.weight.dtype)`): 25.25 rather than 25.298 for a bf16
 /// gemma-3-270m (hidden 640).
-fn embed_scale(hidden: usize, dtype: DType) -> f32 {
+pub(crate) fn embed_scale(hidden: usize, dtype: DType) -> f32 {
     let s = (hidden as f64).sqrt() as f32;
     match dtype {
         DType::BF16 => half::bf16::from_f32(s).to_f32(),

@@ -210,12 +210,21 @@ pub(crate) fn vector(ck: &Checkpoint, name: &str, len: usize) -> Result<Vec<f32>
     Ok(ck.get(name, &[len])?.to_f32())
 }
 
-/// A loaded model of any supported architecture.
+/// A loaded model of any supported architecture, on the CPU or (feature `cuda`) on a GPU.
 pub enum Model {
     Llama(llama::Llama),
     Gemma3(gemma3::Gemma3),
     GptOss(gpt_oss::GptOss),
+    /// The dense architectures on a GPU: the host pool keeps the block tables, the device
+    /// keeps the blocks' keys and values.
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::cuda::CudaModel>),
 }
+
+/// A forward pass that failed: only a GPU's can (a device error, memory); the CPU's cannot.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ForwardError(pub String);
 
 impl Model {
     pub fn load(config: &ModelConfig, checkpoint: &Checkpoint) -> Result<Self, CheckpointError> {
@@ -234,12 +243,18 @@ impl Model {
         tables: &[&BlockTable],
         batch: &[BatchToken],
         s: &mut Scratch,
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, ForwardError> {
         self.run(pool, tables, batch, s, Output::Logits)
     }
 
     /// As [`Model::forward`], returning final hidden states in place of logits.
-    pub fn hidden(&self, pool: &mut KvPool, tables: &[&BlockTable], batch: &[BatchToken], s: &mut Scratch) -> Vec<f32> {
+    pub fn hidden(
+        &self,
+        pool: &mut KvPool,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        s: &mut Scratch,
+    ) -> Result<Vec<f32>, ForwardError> {
         self.run(pool, tables, batch, s, Output::Hidden)
     }
 
@@ -250,11 +265,13 @@ impl Model {
         batch: &[BatchToken],
         s: &mut Scratch,
         output: Output,
-    ) -> Vec<f32> {
-        match self {
+    ) -> Result<Vec<f32>, ForwardError> {
+        Ok(match self {
             Model::Llama(m) => m.forward(pool, tables, batch, s, output),
             Model::Gemma3(m) => m.forward(pool, tables, batch, s, output),
             Model::GptOss(m) => m.forward(pool, tables, batch, s, output),
-        }
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => m.forward(tables, batch, output).map_err(|e| ForwardError(e.to_string()))?,
+        })
     }
 }

@@ -138,7 +138,7 @@ fn check_agreement(model: &str, hf: &Path, gguf: &Path, prompts: &[String], gene
             .enumerate()
             .map(|(pos, &token)| BatchToken { token, seq: 0, pos, logits: pos >= first && pos + 1 < tokens.len() })
             .collect();
-        let logits = native.forward(&mut pool, &[&table], &batch, &mut Scratch::default());
+        let logits = native.forward(&mut pool, &[&table], &batch, &mut Scratch::default()).unwrap();
         let mut here = Vec::new();
         for (j, (row, want)) in logits.chunks_exact(config.vocab).zip(generated_ids).enumerate() {
             let got = llmr_sampling::argmax(row) as usize;

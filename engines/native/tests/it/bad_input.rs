@@ -29,7 +29,7 @@ fn logits(dir: &Path, primary: &str) -> Vec<f32> {
     table.len = tokens.len();
     let batch: Vec<BatchToken> =
         tokens.iter().enumerate().map(|(pos, &token)| BatchToken { token, seq: 0, pos, logits: true }).collect();
-    model.forward(&mut pool, &[&table], &batch, &mut Scratch::default())
+    model.forward(&mut pool, &[&table], &batch, &mut Scratch::default()).unwrap()
 }
 
 #[test]

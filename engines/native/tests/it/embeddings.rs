@@ -13,7 +13,7 @@ const TEXTS: [&str; 3] = [
 ];
 
 /// One vector per input, and the token count the engine reports.
-fn embed(e: &EngineInstance, model: &str, inputs: &[&str], normalize: bool) -> (Vec<Vec<f32>>, u32) {
+pub(crate) fn embed(e: &EngineInstance, model: &str, inputs: &[&str], normalize: bool) -> (Vec<Vec<f32>>, u32) {
     let mut out = vec![Vec::new(); inputs.len()];
     let tokens = e
         .embed(1, model, inputs, normalize, |i, v| {
@@ -24,7 +24,7 @@ fn embed(e: &EngineInstance, model: &str, inputs: &[&str], normalize: bool) -> (
     (out, tokens)
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
     dot / (norm(a) * norm(b))

@@ -32,7 +32,7 @@ impl Run {
             .enumerate()
             .map(|(i, &token)| BatchToken { token, seq: 0, pos: start + i, logits: logits_for(start + i) })
             .collect();
-        self.model.forward(&mut self.pool, &[&self.table], &batch, &mut self.scratch)
+        self.model.forward(&mut self.pool, &[&self.table], &batch, &mut self.scratch).unwrap()
     }
 }
 
@@ -43,8 +43,13 @@ fn ids(v: &Value) -> Vec<u32> {
 fn check(name: &str, golden: &Value, config: ModelConfig, checkpoint: &Checkpoint) {
     let model = Model::load(&config, checkpoint).unwrap_or_else(|e| panic!("{name}: {e}"));
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    let mut run =
-        Run { pool: KvPool::new(shape, 64), table: BlockTable::default(), scratch: Scratch::default(), model, config };
+    check_model(name, golden, config, model, KvPool::new(shape, 64), LOGIT_TOLERANCE);
+}
+
+/// `model`'s logits of the golden's prompt within `tolerance` of transformers', and its greedy
+/// continuation through its cache (`pool`) equal to transformers'.
+pub(crate) fn check_model(name: &str, golden: &Value, config: ModelConfig, model: Model, pool: KvPool, tolerance: f32) {
+    let mut run = Run { pool, table: BlockTable::default(), scratch: Scratch::default(), model, config };
     let vocab = run.config.vocab;
     let input = ids(&golden["input_ids"]);
     let positions: Vec<usize> =
@@ -57,7 +62,7 @@ fn check(name: &str, golden: &Value, config: ModelConfig, checkpoint: &Checkpoin
         }
     }
     eprintln!("{name}: logits within {worst:.2e} of transformers");
-    assert!(worst <= LOGIT_TOLERANCE, "{name}: logits differ from transformers by up to {worst}");
+    assert!(worst <= tolerance, "{name}: logits differ from transformers by up to {worst}");
     // Greedy continuation through the cache, one token a step, as the scheduler decodes.
     let want = ids(&golden["greedy"]["tokens"]);
     let mut last = logits[logits.len() - vocab..].to_vec();

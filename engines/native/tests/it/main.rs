@@ -6,6 +6,8 @@
 
 mod agreement;
 mod bad_input;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod embeddings;
 mod goldens;
 mod gpt_oss_chat;

@@ -19,12 +19,18 @@ pub fn cached_model(name: &str) -> PathBuf {
 /// A plugin folder holding the committed manifest of engine `id` and the release library
 /// `lib` that cargo built beside this test binary.
 fn load_plugin(id: &str, lib: &str, package: &str) -> Arc<Plugin> {
+    load_plugin_for(id, "cpu", lib, package)
+}
+
+/// As `load_plugin`, with the manifest of `backend`'s folder (the GPU ones pass their backend
+/// to the engine).
+fn load_plugin_for(id: &str, backend: &str, lib: &str, package: &str) -> Arc<Plugin> {
     let exe = std::env::current_exe().unwrap();
     let built = exe.parent().unwrap().parent().unwrap().join(lib);
     assert!(built.is_file(), "{} is missing: run `cargo build --release -p {package}`", built.display());
-    let dir = std::env::temp_dir().join(format!("llmr-native-test-{}", std::process::id())).join(id).join("cpu");
+    let dir = std::env::temp_dir().join(format!("llmr-native-test-{}", std::process::id())).join(id).join(backend);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(format!("{REPO}/engines/{id}/cpu/manifest.json"), dir.join("manifest.json")).unwrap();
+    std::fs::copy(format!("{REPO}/engines/{id}/{backend}/manifest.json"), dir.join("manifest.json")).unwrap();
     std::fs::copy(&built, dir.join(lib)).unwrap();
     let mut registry = EngineRegistry::new();
     load_one(&dir, Manifest::load(&dir, 1).unwrap(), &mut registry).unwrap()
@@ -34,6 +40,14 @@ fn load_plugin(id: &str, lib: &str, package: &str) -> Arc<Plugin> {
 pub fn plugin() -> Arc<Plugin> {
     static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
     PLUGIN.get_or_init(|| load_plugin("native", "libllmr_native_engine.so", "llmr-native-engine")).clone()
+}
+
+/// This crate's plugin from its `cuda` folder, loaded once per test binary as `plugin` is (the
+/// GPU suite crashed when a test loaded it again after an earlier test had unloaded it).
+#[cfg(feature = "cuda")]
+pub fn cuda_plugin() -> Arc<Plugin> {
+    static PLUGIN: OnceLock<Arc<Plugin>> = OnceLock::new();
+    PLUGIN.get_or_init(|| load_plugin_for("native", "cuda", "libllmr_native_engine.so", "llmr-native-engine")).clone()
 }
 
 /// The llama.cpp plugin, the reference the native engine is compared with.
