@@ -6,8 +6,7 @@
 
 use crate::kernels::panel::Out;
 use crate::kernels::simd;
-use crate::kv_cache::{BlockId, BlockTable, KvPool, LayerBlock, BLOCK_TOKENS};
-use half::slice::HalfFloatSliceExt;
+use crate::kv_cache::{BlockId, BlockTable, KvPool, BLOCK_TOKENS};
 use rayon::prelude::*;
 
 /// Where one query of the batch attends.
@@ -124,14 +123,15 @@ impl Tile<'_, '_> {
         };
         // Scores, one block of keys at a time.
         for (id, start, from, to) in visible(&span) {
-            let LayerBlock::F16 { k, .. } = self.pool.layer(id, layer);
-            k[kv * BLOCK_TOKENS * hd..][from * hd..to * hd].convert_to_f32_slice(&mut block[from * hd..to * hd]);
+            // An evicted block's positions weigh nothing.
+            let kept = self.pool.layer(id, layer).keys_into(kv, hd, (from, to), block);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
                 for g in 0..group {
                     let (qg, row) = (query(i, g), &mut scores[(i * group + g) * len..][..len]);
                     for s in a..b {
-                        row[start + s - lo] = dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale;
+                        row[start + s - lo] =
+                            if kept { dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale } else { f32::NEG_INFINITY };
                     }
                 }
             }
@@ -155,8 +155,9 @@ impl Tile<'_, '_> {
             }
         }
         for (id, start, from, to) in visible(&span) {
-            let LayerBlock::F16 { v, .. } = self.pool.layer(id, layer);
-            v[kv * BLOCK_TOKENS * hd..][from * hd..to * hd].convert_to_f32_slice(&mut block[from * hd..to * hd]);
+            if !self.pool.layer(id, layer).values_into(kv, hd, (from, to), block) {
+                continue;
+            }
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
                 for g in 0..group {
@@ -279,6 +280,49 @@ mod tests {
                         assert!((a - b).abs() < 1e-5, "token {t} head {h} sink {sink:?}: {got:?} vs {want:?}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn evicted_blocks_weigh_nothing_and_quantized_ones_stay_close() {
+        use crate::kv_levels::Level;
+        let (heads, hd, len) = (2, 8, 40);
+        let mut pool = KvPool::new(Shape { layers: 1, kv_heads: 1, head_dim: hd }, 4);
+        let mut table = BlockTable::default();
+        pool.reserve(&mut table, len).unwrap();
+        table.len = len;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for p in 0..len {
+            let k: Vec<f32> = (0..hd).map(|d| ((p * 5 + d) as f32 * 0.29).sin()).collect();
+            let v: Vec<f32> = (0..hd).map(|d| ((p * 3 + d) as f32 * 0.47).cos()).collect();
+            pool.write(&table, 0, p, &k, &v);
+            keys.push(k.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect::<Vec<_>>());
+            values.push(v.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect::<Vec<_>>());
+        }
+        let shape = AttentionShape { heads, kv_heads: 1, head_dim: hd, scale: 0.35, sinks: None };
+        let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.7).cos()).collect();
+        let run = |pool: &KvPool| {
+            let mut out = vec![0.0; q.len()];
+            attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out);
+            out
+        };
+        let full = run(&pool);
+        assert!(pool.set_level(&table, 0, None, Level::Int8));
+        let int8 = run(&pool);
+        assert!(int8.iter().zip(&full).all(|(a, b)| (a - b).abs() < 1e-2), "{int8:?} vs {full:?}");
+        assert_ne!(int8, full, "block 0 is read at int8");
+        assert!(pool.set_level(&table, 1, None, Level::Evicted));
+        let evicted = run(&pool);
+        // Positions 16..32 no longer count: attention over block 0 (at int8) and block 2.
+        for h in 0..heads {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let kept: Vec<usize> = (0..16).chain(32..len).collect();
+            let ks: Vec<Vec<f32>> = kept.iter().map(|&p| keys[p].clone()).collect();
+            let vs: Vec<Vec<f32>> = kept.iter().map(|&p| values[p].clone()).collect();
+            let want = reference(qh, &ks, &vs, shape.scale, None);
+            for (a, b) in evicted[h * hd..(h + 1) * hd].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-2, "head {h}: {a} vs {b} without the evicted block");
             }
         }
     }

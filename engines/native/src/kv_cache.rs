@@ -2,8 +2,9 @@
 //! and full blocks shared between sequences whose token prefixes are equal.
 //!
 //! - A block holds `BLOCK_TOKENS` positions of every layer; each (block, layer) has its own
-//!   storage (`LayerBlock`), so a later stage can keep some blocks or layers at another precision
-//!   or evict them without touching the rest. Today every block is stored in f16 (level L0).
+//!   storage (`LayerBlock`, `kv_levels.rs`): f16 while written, then int8, int4 or evicted when
+//!   a policy says so (`set_level`), one (block, layer) at a time. Only full blocks change
+//!   level, so the block a sequence writes is always f16.
 //! - Only full blocks are shared, and a full block is never written again, so sharing needs no
 //!   copy-on-write: a sequence appends only to its own last, partial block.
 //! - A full block is indexed by a hash of every token up to its end (the hash of the previous
@@ -11,6 +12,7 @@
 //!   the index and starts computing after the last one found. Blocks no sequence uses stay in
 //!   the index, least recently released first to be reused, until the pool needs them.
 
+pub use crate::kv_levels::{LayerBlock, Level};
 use half::f16;
 use std::collections::{HashMap, VecDeque};
 
@@ -18,11 +20,6 @@ use std::collections::{HashMap, VecDeque};
 pub const BLOCK_TOKENS: usize = 16;
 
 pub type BlockId = u32;
-
-/// One layer's keys and values for one block: `[kv_heads][BLOCK_TOKENS][head_dim]` each.
-pub enum LayerBlock {
-    F16 { k: Box<[f16]>, v: Box<[f16]> },
-}
 
 struct Block {
     layers: Vec<LayerBlock>,
@@ -129,11 +126,7 @@ impl KvPool {
         let id = if let Some(id) = self.free.pop() {
             id
         } else if self.blocks.len() < self.capacity {
-            let n = self.shape.layer_elems();
-            let layer = || LayerBlock::F16 {
-                k: vec![f16::ZERO; n].into_boxed_slice(),
-                v: vec![f16::ZERO; n].into_boxed_slice(),
-            };
+            let layer = || LayerBlock::zeroed(self.shape.kv_heads, self.shape.head_dim);
             let layers = if self.stored { self.shape.layers } else { 0 };
             self.blocks.push(Block {
                 layers: (0..layers).map(|_| layer()).collect(),
@@ -149,7 +142,13 @@ impl KvPool {
         } else {
             return Err(PoolFull(self.capacity));
         };
-        self.blocks[id as usize].refs = 1;
+        let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
+        let b = &mut self.blocks[id as usize];
+        b.refs = 1;
+        // A reused block is written from its start: back to f16 wherever a policy changed it.
+        for l in b.layers.iter_mut().filter(|l| l.level() != Level::F16) {
+            *l = LayerBlock::zeroed(kv_heads, hd);
+        }
         Ok(id)
     }
 
@@ -248,7 +247,9 @@ impl KvPool {
         let id = table.blocks[pos / BLOCK_TOKENS];
         let slot = pos % BLOCK_TOKENS;
         let hd = self.shape.head_dim;
-        let LayerBlock::F16 { k: kb, v: vb } = &mut self.blocks[id as usize].layers[layer];
+        let LayerBlock::F16 { k: kb, v: vb } = &mut self.blocks[id as usize].layers[layer] else {
+            unreachable!("only full blocks change level, and a sequence writes only its partial one")
+        };
         for h in 0..self.shape.kv_heads {
             let at = (h * BLOCK_TOKENS + slot) * hd;
             for (d, s) in kb[at..at + hd].iter_mut().zip(&k[h * hd..(h + 1) * hd]) {
@@ -258,6 +259,40 @@ impl KvPool {
                 *d = f16::from_f32(*s);
             }
         }
+    }
+
+    /// Stores the `index`-th block of `table` at `level` in `layer` (every layer when `None`).
+    /// Only full f16 blocks go down; false (nothing changed) for a partial block, an index
+    /// past the table, or a block already at another level than f16.
+    pub fn set_level(&mut self, table: &BlockTable, index: usize, layer: Option<usize>, level: Level) -> bool {
+        if !self.stored || (index + 1) * BLOCK_TOKENS > table.len {
+            return false;
+        }
+        let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
+        let layers = &mut self.blocks[table.blocks[index] as usize].layers;
+        let range = layer.map_or(0..layers.len(), |l| l..l + 1);
+        let mut changed = false;
+        for l in &mut layers[range] {
+            if let Some(q) = l.quantized(level, kv_heads, hd) {
+                *l = q;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Bytes of keys and values the pool's allocated blocks hold, measured from the storage.
+    pub fn stored_bytes(&self) -> usize {
+        self.blocks.iter().flat_map(|b| &b.layers).map(LayerBlock::bytes).sum()
+    }
+
+    /// (block, layer) pairs at each level, indexed by `Level as usize`, over blocks in use.
+    pub fn level_counts(&self) -> [usize; 4] {
+        let mut counts = [0; 4];
+        for l in self.blocks.iter().filter(|b| b.refs > 0).flat_map(|b| &b.layers) {
+            counts[l.level() as usize] += 1;
+        }
+        counts
     }
 
     /// The stored keys and values of one layer of one block.
@@ -330,10 +365,29 @@ mod tests {
         let mut p = pool(4);
         let t = filled(&mut p, &[1; 20]);
         p.write(&t, 1, 17, &[1.0, 2.0, 3.0, 4.0], &[-1.0, -2.0, -3.0, -4.0]);
-        let LayerBlock::F16 { k, v } = p.layer(t.blocks[1], 1);
+        let LayerBlock::F16 { k, v } = p.layer(t.blocks[1], 1) else { panic!("written blocks are f16") };
         assert_eq!(k[4..8].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), [1.0, 2.0, 3.0, 4.0]);
         assert_eq!(v[4].to_f32(), -1.0);
-        let LayerBlock::F16 { k, .. } = p.layer(t.blocks[1], 0);
+        let LayerBlock::F16 { k, .. } = p.layer(t.blocks[1], 0) else { panic!("written blocks are f16") };
         assert!(k.iter().all(|x| x.to_f32() == 0.0));
+    }
+
+    #[test]
+    fn only_full_blocks_change_level_and_a_reused_block_starts_again_in_f16() {
+        let mut p = pool(2); // the second table must reuse both blocks
+        let mut t = filled(&mut p, &[1; 20]); // one full block, one partial
+        let f16_bytes = p.stored_bytes();
+        assert!(!p.set_level(&t, 1, None, Level::Int8), "a partial block keeps f16");
+        assert!(!p.set_level(&t, 2, None, Level::Int8), "past the table");
+        assert!(p.set_level(&t, 0, Some(1), Level::Int4));
+        assert_eq!(p.level_counts(), [3, 0, 1, 0]);
+        assert!(p.set_level(&t, 0, None, Level::Int8), "layer 0 goes down; layer 1 is int4 already");
+        assert_eq!(p.level_counts(), [2, 1, 1, 0]);
+        assert!(p.stored_bytes() < f16_bytes);
+        assert!(!p.set_level(&t, 0, None, Level::Evicted), "only f16 blocks are rewritten");
+        p.free_table(&mut t);
+        let t = filled(&mut p, &[2; 32]);
+        assert!(t.blocks.iter().all(|&id| (0..2).all(|l| p.layer(id, l).level() == Level::F16)));
+        assert_eq!(p.level_counts(), [4, 0, 0, 0]);
     }
 }

@@ -13,6 +13,8 @@ pub mod cuda;
 mod embed;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_eval;
+pub mod kv_levels;
 pub mod rope;
 mod scheduler;
 pub mod tokenizer;

@@ -11,6 +11,7 @@ mod cuda;
 mod embeddings;
 mod goldens;
 mod gpt_oss_chat;
+mod kv_levels;
 mod random_checkpoint;
 mod real_models;
 mod support;

@@ -1,0 +1,310 @@
+//! The storage levels of one (block, layer) of the KV cache (spec 002): L0 f16, L1 int8, L2
+//! int4, L3 evicted. Keys are quantized per channel over the block's 16 positions and values
+//! per position (the KIVI layout: key outliers sit in fixed channels, value outliers in
+//! tokens), with f16 scales. Bits per element, scales included, at head_dim 64: f16 16, int8
+//! 8.625 (keys 9, values 8.25), int4 5.5 (keys 6, values 5: groups of 32 channels).
+//!
+//! A level change rewrites one block from its f16 form; going back up is not exact (the
+//! values were rounded), so promotion needs the block's f16 copy or a recomputation, which
+//! the caller owns.
+
+use crate::kv_cache::BLOCK_TOKENS;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Level {
+    F16 = 0,
+    Int8 = 1,
+    Int4 = 2,
+    Evicted = 3,
+}
+
+/// Int4 value groups: this many channels of one position share a scale and minimum.
+const V_GROUP: usize = 32;
+
+/// One layer's keys and values for one block; each array is laid out
+/// `[kv_heads][BLOCK_TOKENS][head_dim]`, scales as their comments say.
+pub enum LayerBlock {
+    F16 {
+        k: Box<[f16]>,
+        v: Box<[f16]>,
+    },
+    Int8 {
+        k: Box<[i8]>,
+        /// Per channel: `[kv_heads][head_dim]`; a key is `k * scale`.
+        k_scale: Box<[f16]>,
+        v: Box<[i8]>,
+        /// Per position: `[kv_heads][BLOCK_TOKENS]`.
+        v_scale: Box<[f16]>,
+    },
+    Int4 {
+        /// Two codes a byte (channel 2i in the low nibble).
+        k: Box<[u8]>,
+        /// Per channel, `[kv_heads][head_dim]` each; a key is `min + code * scale`.
+        k_scale: Box<[f16]>,
+        k_min: Box<[f16]>,
+        v: Box<[u8]>,
+        /// Per position and group of `V_GROUP` channels: `[kv_heads][BLOCK_TOKENS][groups]`.
+        v_scale: Box<[f16]>,
+        v_min: Box<[f16]>,
+    },
+    Evicted,
+}
+
+impl LayerBlock {
+    /// An f16 block of `kv_heads x head_dim`, zeroed.
+    pub fn zeroed(kv_heads: usize, head_dim: usize) -> Self {
+        let n = kv_heads * BLOCK_TOKENS * head_dim;
+        LayerBlock::F16 { k: vec![f16::ZERO; n].into_boxed_slice(), v: vec![f16::ZERO; n].into_boxed_slice() }
+    }
+
+    pub fn level(&self) -> Level {
+        match self {
+            LayerBlock::F16 { .. } => Level::F16,
+            LayerBlock::Int8 { .. } => Level::Int8,
+            LayerBlock::Int4 { .. } => Level::Int4,
+            LayerBlock::Evicted => Level::Evicted,
+        }
+    }
+
+    /// Bytes it holds (what the cache measures, not computes from a formula).
+    pub fn bytes(&self) -> usize {
+        match self {
+            LayerBlock::F16 { k, v } => (k.len() + v.len()) * 2,
+            LayerBlock::Int8 { k, k_scale, v, v_scale } => k.len() + v.len() + (k_scale.len() + v_scale.len()) * 2,
+            LayerBlock::Int4 { k, k_scale, k_min, v, v_scale, v_min } => {
+                k.len() + v.len() + (k_scale.len() + k_min.len() + v_scale.len() + v_min.len()) * 2
+            }
+            LayerBlock::Evicted => 0,
+        }
+    }
+
+    /// This block stored at `level` (from f16; `None` when it is not f16, or `level` is F16:
+    /// only f16 blocks are rewritten).
+    pub fn quantized(&self, level: Level, kv_heads: usize, hd: usize) -> Option<LayerBlock> {
+        let LayerBlock::F16 { k, v } = self else { return None };
+        let (k, v) = (k.to_f32_vec(), v.to_f32_vec());
+        match level {
+            Level::F16 => None,
+            Level::Evicted => Some(LayerBlock::Evicted),
+            Level::Int8 => {
+                let (mut kq, mut k_scale) = (vec![0i8; k.len()], vec![f16::ZERO; kv_heads * hd]);
+                let (mut vq, mut v_scale) = (vec![0i8; v.len()], vec![f16::ZERO; kv_heads * BLOCK_TOKENS]);
+                for h in 0..kv_heads {
+                    let base = h * BLOCK_TOKENS * hd;
+                    for c in 0..hd {
+                        let max = (0..BLOCK_TOKENS).map(|t| k[base + t * hd + c].abs()).fold(0f32, f32::max);
+                        let s = f16::from_f32(max / 127.0);
+                        k_scale[h * hd + c] = s;
+                        for t in 0..BLOCK_TOKENS {
+                            kq[base + t * hd + c] = q8(k[base + t * hd + c], s.to_f32());
+                        }
+                    }
+                    for t in 0..BLOCK_TOKENS {
+                        let row = &v[base + t * hd..][..hd];
+                        let s = f16::from_f32(row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
+                        v_scale[h * BLOCK_TOKENS + t] = s;
+                        for (d, x) in vq[base + t * hd..][..hd].iter_mut().zip(row) {
+                            *d = q8(*x, s.to_f32());
+                        }
+                    }
+                }
+                Some(LayerBlock::Int8 { k: kq.into(), k_scale: k_scale.into(), v: vq.into(), v_scale: v_scale.into() })
+            }
+            Level::Int4 => {
+                let groups = hd.div_ceil(V_GROUP);
+                let mut kq = vec![0u8; k.len() / 2];
+                let (mut k_scale, mut k_min) = (vec![f16::ZERO; kv_heads * hd], vec![f16::ZERO; kv_heads * hd]);
+                let mut vq = vec![0u8; v.len() / 2];
+                let gs = kv_heads * BLOCK_TOKENS * groups;
+                let (mut v_scale, mut v_min) = (vec![f16::ZERO; gs], vec![f16::ZERO; gs]);
+                for h in 0..kv_heads {
+                    let base = h * BLOCK_TOKENS * hd;
+                    for c in 0..hd {
+                        let (s, m) = range4((0..BLOCK_TOKENS).map(|t| k[base + t * hd + c]));
+                        (k_scale[h * hd + c], k_min[h * hd + c]) = (s, m);
+                        for t in 0..BLOCK_TOKENS {
+                            put4(&mut kq, base + t * hd + c, q4(k[base + t * hd + c], s, m));
+                        }
+                    }
+                    for t in 0..BLOCK_TOKENS {
+                        for g in 0..groups {
+                            let (c0, c1) = (g * V_GROUP, ((g + 1) * V_GROUP).min(hd));
+                            let row = &v[base + t * hd..][c0..c1];
+                            let (s, m) = range4(row.iter().copied());
+                            let at = (h * BLOCK_TOKENS + t) * groups + g;
+                            (v_scale[at], v_min[at]) = (s, m);
+                            for (c, x) in (c0..c1).zip(row) {
+                                put4(&mut vq, base + t * hd + c, q4(*x, s, m));
+                            }
+                        }
+                    }
+                }
+                Some(LayerBlock::Int4 {
+                    k: kq.into(),
+                    k_scale: k_scale.into(),
+                    k_min: k_min.into(),
+                    v: vq.into(),
+                    v_scale: v_scale.into(),
+                    v_min: v_min.into(),
+                })
+            }
+        }
+    }
+
+    /// The keys of KV head `kv`, positions `from..to` of the block, into `out[from*hd..to*hd]`
+    /// as f32; false when the block is evicted (nothing written).
+    pub fn keys_into(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
+        let base = kv * BLOCK_TOKENS * hd;
+        let out = &mut out[from * hd..to * hd];
+        let range = base + from * hd..base + to * hd;
+        match self {
+            LayerBlock::F16 { k, .. } => k[range].convert_to_f32_slice(out),
+            LayerBlock::Int8 { k, k_scale, .. } => {
+                let scale = k_scale[kv * hd..][..hd].to_f32_vec();
+                for (row, q) in out.chunks_exact_mut(hd).zip(k[range].chunks_exact(hd)) {
+                    for ((o, &q), s) in row.iter_mut().zip(q).zip(&scale) {
+                        *o = q as f32 * s;
+                    }
+                }
+            }
+            LayerBlock::Int4 { k, k_scale, k_min, .. } => {
+                let (scale, min) = (k_scale[kv * hd..][..hd].to_f32_vec(), k_min[kv * hd..][..hd].to_f32_vec());
+                for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
+                    for (c, o) in row.iter_mut().enumerate() {
+                        *o = min[c] + get4(k, base + t * hd + c) as f32 * scale[c];
+                    }
+                }
+            }
+            LayerBlock::Evicted => return false,
+        }
+        true
+    }
+
+    /// As [`LayerBlock::keys_into`], for the values.
+    pub fn values_into(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
+        let base = kv * BLOCK_TOKENS * hd;
+        let out = &mut out[from * hd..to * hd];
+        let range = base + from * hd..base + to * hd;
+        match self {
+            LayerBlock::F16 { v, .. } => v[range].convert_to_f32_slice(out),
+            LayerBlock::Int8 { v, v_scale, .. } => {
+                for ((t, row), q) in (from..to).zip(out.chunks_exact_mut(hd)).zip(v[range].chunks_exact(hd)) {
+                    let s = v_scale[kv * BLOCK_TOKENS + t].to_f32();
+                    for (o, &q) in row.iter_mut().zip(q) {
+                        *o = q as f32 * s;
+                    }
+                }
+            }
+            LayerBlock::Int4 { v, v_scale, v_min, .. } => {
+                let groups = hd.div_ceil(V_GROUP);
+                for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
+                    let at = (kv * BLOCK_TOKENS + t) * groups;
+                    for (c, o) in row.iter_mut().enumerate() {
+                        let g = at + c / V_GROUP;
+                        *o = v_min[g].to_f32() + get4(v, base + t * hd + c) as f32 * v_scale[g].to_f32();
+                    }
+                }
+            }
+            LayerBlock::Evicted => return false,
+        }
+        true
+    }
+}
+
+fn q8(x: f32, scale: f32) -> i8 {
+    if scale == 0.0 {
+        0
+    } else {
+        (x / scale).round().clamp(-127.0, 127.0) as i8
+    }
+}
+
+/// Scale and minimum (as stored, f16) of 4-bit codes covering `xs`.
+fn range4(xs: impl Iterator<Item = f32>) -> (f16, f16) {
+    let (lo, hi) = xs.fold((f32::MAX, f32::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    (f16::from_f32((hi - lo) / 15.0), f16::from_f32(lo))
+}
+
+fn q4(x: f32, scale: f16, min: f16) -> u8 {
+    let s = scale.to_f32();
+    if s == 0.0 {
+        0
+    } else {
+        ((x - min.to_f32()) / s).round().clamp(0.0, 15.0) as u8
+    }
+}
+
+fn put4(packed: &mut [u8], i: usize, code: u8) {
+    let b = &mut packed[i / 2];
+    *b = if i.is_multiple_of(2) { (*b & 0xf0) | code } else { (*b & 0x0f) | (code << 4) };
+}
+
+fn get4(packed: &[u8], i: usize) -> u8 {
+    (packed[i / 2] >> ((i % 2) * 4)) & 0x0f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block whose channel 3 of every key is an outlier (as real keys have).
+    fn block(kv_heads: usize, hd: usize) -> (LayerBlock, Vec<f32>, Vec<f32>) {
+        let n = kv_heads * BLOCK_TOKENS * hd;
+        let k: Vec<f32> =
+            (0..n).map(|i| ((i * 7) as f32 * 0.37).sin() * if i % hd == 3 { 20.0 } else { 1.0 }).collect();
+        let v: Vec<f32> = (0..n).map(|i| ((i * 11) as f32 * 0.13).cos()).collect();
+        let b = LayerBlock::F16 {
+            k: k.iter().map(|&x| f16::from_f32(x)).collect(),
+            v: v.iter().map(|&x| f16::from_f32(x)).collect(),
+        };
+        (b, k, v)
+    }
+
+    fn worst(a: &[f32], b: &[f32], skip_channel: Option<(usize, usize)>) -> f32 {
+        a.iter()
+            .zip(b)
+            .enumerate()
+            .filter(|(i, _)| skip_channel.is_none_or(|(c, hd)| i % hd != c))
+            .fold(0f32, |m, (_, (x, y))| m.max((x - y).abs()))
+    }
+
+    #[test]
+    fn each_level_reads_back_within_its_step_and_takes_fewer_bytes() {
+        let (kv_heads, hd) = (2, 64);
+        let (f16b, k, v) = block(kv_heads, hd);
+        let mut last_bytes = f16b.bytes();
+        // Worst error on the ordinary channels (|x| <= 1): half a step of each level's scale.
+        for (level, tolerance) in [(Level::Int8, 1.0 / 127.0), (Level::Int4, 2.0 / 15.0)] {
+            let q = f16b.quantized(level, kv_heads, hd).unwrap();
+            assert_eq!(q.level(), level);
+            assert!(q.bytes() < last_bytes, "{level:?}: {} bytes", q.bytes());
+            last_bytes = q.bytes();
+            for h in 0..kv_heads {
+                let (mut kb, mut vb) = (vec![0f32; BLOCK_TOKENS * hd], vec![0f32; BLOCK_TOKENS * hd]);
+                assert!(q.keys_into(h, hd, (0, BLOCK_TOKENS), &mut kb));
+                assert!(q.values_into(h, hd, (0, BLOCK_TOKENS), &mut vb));
+                let base = h * BLOCK_TOKENS * hd;
+                let (kw, vw) = (&k[base..base + BLOCK_TOKENS * hd], &v[base..base + BLOCK_TOKENS * hd]);
+                // Per-channel key scales: the outlier channel does not widen the others' steps.
+                assert!(worst(&kb, kw, Some((3, hd))) <= tolerance * 1.1, "{level:?} keys");
+                assert!(worst(&vb, vw, None) <= tolerance * 1.1, "{level:?} values");
+                // A sub-range reads the same values as the whole block.
+                let mut part = vec![0f32; BLOCK_TOKENS * hd];
+                q.keys_into(h, hd, (5, 9), &mut part);
+                assert_eq!(&part[5 * hd..9 * hd], &kb[5 * hd..9 * hd]);
+            }
+        }
+        let bytes = |l| {
+            f16b.quantized(l, kv_heads, hd).unwrap().bytes() as f64 * 8.0 / (2 * kv_heads * BLOCK_TOKENS * hd) as f64
+        };
+        assert_eq!((bytes(Level::Int8), bytes(Level::Int4)), (8.625, 5.5));
+        let evicted = f16b.quantized(Level::Evicted, kv_heads, hd).unwrap();
+        assert_eq!(evicted.bytes(), 0);
+        assert!(!evicted.keys_into(0, hd, (0, 16), &mut vec![0f32; BLOCK_TOKENS * hd]));
+        // Only f16 blocks are rewritten.
+        assert!(evicted.quantized(Level::Int8, kv_heads, hd).is_none());
+        assert!(f16b.quantized(Level::F16, kv_heads, hd).is_none());
+    }
+}
