@@ -36,6 +36,9 @@ struct Args {
     /// int8, int4 or evicted: the level of every full block outside the window and the sinks.
     #[arg(long, default_value = "int8")]
     level: String,
+    /// Share (0..1) of those blocks then evicted, the least attended first.
+    #[arg(long, default_value_t = 0.0)]
+    evict: f64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
@@ -48,6 +51,9 @@ fn main() -> Result<()> {
         "evicted" => Level::Evicted,
         other => bail!("--level {other}: expected int8, int4 or evicted"),
     };
+    if !(0.0..=1.0).contains(&a.evict) {
+        bail!("--evict {} is not a share between 0 and 1", a.evict);
+    }
     if a.window < BLOCK_TOKENS || a.step == 0 {
         bail!("--window must be at least {BLOCK_TOKENS} and --step positive");
     }
@@ -65,12 +71,19 @@ fn main() -> Result<()> {
     }
     tokens.truncate(a.ctx);
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    let r = evaluate(&model, shape, config.vocab, &tokens, &EvalOptions { step: a.step, window: a.window, level })?;
+    let r = evaluate(
+        &model,
+        shape,
+        config.vocab,
+        &tokens,
+        &EvalOptions { step: a.step, window: a.window, level, evict: a.evict },
+    )?;
     println!(
         "{}",
         serde_json::json!({
             "model": a.model.file_name().map(|f| f.to_string_lossy().into_owned()),
-            "ctx": a.ctx, "step": a.step, "window": a.window, "level": a.level, "threads": a.threads,
+            "ctx": a.ctx, "step": a.step, "window": a.window, "level": a.level, "evict": a.evict,
+            "threads": a.threads,
             "scored": r.scored, "ppl_f16": r.ppl_f16, "ppl": r.ppl, "delta_ppl_rel": r.delta_ppl_rel(),
             "kld_mean": r.kld_mean, "kld_p999": r.kld_p999, "top1_agreement": r.top1_agreement,
             "kv_bytes_f16": r.kv_bytes_f16, "kv_bytes": r.kv_bytes,

@@ -154,21 +154,29 @@ impl Tile<'_, '_> {
                 out_row(i, g).fill(0.0);
             }
         }
+        let track = self.pool.tracks_attention();
         for (id, start, from, to) in visible(&span) {
             if !self.pool.layer(id, layer).values_into(kv, hd, (from, to), block) {
                 continue;
             }
+            // The weight this block received from the tile's rows (an importance signal).
+            let (mut mass, mut rows) = (0f32, 0);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
+                rows += if a < b { group } else { 0 };
                 for g in 0..group {
                     let (og, row) = (out_row(i, g), &scores[(i * group + g) * len..][..len]);
                     for s in a..b {
                         let w = row[start + s - lo];
+                        mass += w;
                         for (o, x) in og.iter_mut().zip(&block[s * hd..(s + 1) * hd]) {
                             *o += w * x;
                         }
                     }
                 }
+            }
+            if track && rows > 0 {
+                self.pool.note_attention(id, mass, rows);
             }
         }
     }
@@ -307,7 +315,13 @@ mod tests {
             attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out);
             out
         };
+        pool.track_attention(true);
         let full = run(&pool);
+        pool.track_attention(false);
+        // Each (query, head) row's weights sum to 1 over the blocks it saw (every row saw all
+        // three): the mean weights received, times the rows, add up to the rows.
+        let mass: f64 = table.blocks.iter().map(|&id| pool.attention_received(id) * heads as f64).sum();
+        assert!((mass - heads as f64).abs() < 1e-3, "attention mass over the blocks: {mass}, rows: {heads}");
         assert!(pool.set_level(&table, 0, None, Level::Int8));
         let int8 = run(&pool);
         assert!(int8.iter().zip(&full).all(|(a, b)| (a - b).abs() < 1e-2), "{int8:?} vs {full:?}");

@@ -15,6 +15,7 @@
 pub use crate::kv_levels::{LayerBlock, Level};
 use half::f16;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 16;
@@ -28,7 +29,14 @@ struct Block {
     key: Option<u64>,
     /// The tokens it holds, once registered.
     tokens: [u32; BLOCK_TOKENS],
+    /// Attention it received (when the pool tracks it): the sum of softmax weights over its
+    /// positions, and how many (query, head, layer) rows that saw it, since it was allocated.
+    mass: AtomicU64,
+    rows: AtomicU64,
 }
+
+/// Fixed point of `Block::mass`: 32 fractional bits.
+const MASS_ONE: f64 = (1u64 << 32) as f64;
 
 /// Sizes of one model's cache.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +70,9 @@ pub struct KvPool {
     /// Whether blocks carry their keys and values here (false: a GPU holds them, indexed by
     /// the same block ids, and this pool only allocates, shares and indexes).
     stored: bool,
+    /// Whether attention records the weight each block receives (an importance signal for a
+    /// level policy); off, it costs nothing.
+    tracking: AtomicBool,
     blocks: Vec<Block>,
     capacity: usize,
     free: Vec<BlockId>,
@@ -93,6 +104,7 @@ impl KvPool {
         KvPool {
             shape,
             stored: true,
+            tracking: AtomicBool::new(false),
             blocks: Vec::new(),
             capacity,
             free: Vec::new(),
@@ -133,6 +145,8 @@ impl KvPool {
                 refs: 0,
                 key: None,
                 tokens: [0; BLOCK_TOKENS],
+                mass: AtomicU64::new(0),
+                rows: AtomicU64::new(0),
             });
             (self.blocks.len() - 1) as BlockId
         } else if let Some(id) = self.idle.pop_front() {
@@ -145,6 +159,8 @@ impl KvPool {
         let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
         let b = &mut self.blocks[id as usize];
         b.refs = 1;
+        *b.mass.get_mut() = 0;
+        *b.rows.get_mut() = 0;
         // A reused block is written from its start: back to f16 wherever a policy changed it.
         for l in b.layers.iter_mut().filter(|l| l.level() != Level::F16) {
             *l = LayerBlock::zeroed(kv_heads, hd);
@@ -279,6 +295,45 @@ impl KvPool {
             }
         }
         changed
+    }
+
+    /// Starts (or stops) recording the attention each block receives.
+    pub fn track_attention(&self, on: bool) {
+        self.tracking.store(on, Ordering::Relaxed);
+    }
+
+    pub fn tracks_attention(&self) -> bool {
+        self.tracking.load(Ordering::Relaxed)
+    }
+
+    /// Adds attention `mass` received by block `id` over `rows` (query, head) rows.
+    pub fn note_attention(&self, id: BlockId, mass: f32, rows: usize) {
+        let b = &self.blocks[id as usize];
+        b.mass.fetch_add((mass as f64 * MASS_ONE) as u64, Ordering::Relaxed);
+        b.rows.fetch_add(rows as u64, Ordering::Relaxed);
+    }
+
+    /// The mean attention weight a row that saw block `id` gave its positions, since the block
+    /// was allocated (0 before any).
+    pub fn attention_received(&self, id: BlockId) -> f64 {
+        let b = &self.blocks[id as usize];
+        let rows = b.rows.load(Ordering::Relaxed);
+        if rows == 0 {
+            0.0
+        } else {
+            b.mass.load(Ordering::Relaxed) as f64 / MASS_ONE / rows as f64
+        }
+    }
+
+    /// Evicts the `index`-th block of `table` in every layer, whatever its level (a full block).
+    pub fn evict(&mut self, table: &BlockTable, index: usize) -> bool {
+        if !self.stored || (index + 1) * BLOCK_TOKENS > table.len {
+            return false;
+        }
+        for l in &mut self.blocks[table.blocks[index] as usize].layers {
+            *l = LayerBlock::Evicted;
+        }
+        true
     }
 
     /// Bytes of keys and values the pool's allocated blocks hold, measured from the storage.

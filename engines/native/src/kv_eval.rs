@@ -14,6 +14,9 @@ pub struct EvalOptions {
     /// The most recent positions kept in f16 (at least one block).
     pub window: usize,
     pub level: Level,
+    /// The share of the blocks outside the window and the sinks to evict, those that received
+    /// the least attention first (0: none).
+    pub evict: f64,
 }
 
 #[derive(Debug)]
@@ -62,6 +65,24 @@ impl Run {
     }
 }
 
+/// Evicts blocks `1..old` of `run`'s sequence, least attention received first, until `share` of
+/// them are evicted.
+fn evict_least_attended(run: &mut Run, old: usize, share: f64) {
+    let candidates = old.saturating_sub(1);
+    let target = (candidates as f64 * share).floor() as usize;
+    let evicted = |run: &Run, i: usize| run.pool.layer(run.table.blocks[i], 0).level() == Level::Evicted;
+    let done = (1..old).filter(|&i| evicted(run, i)).count();
+    if done >= target {
+        return;
+    }
+    let mut kept: Vec<(f64, usize)> =
+        (1..old).filter(|&i| !evicted(run, i)).map(|i| (run.pool.attention_received(run.table.blocks[i]), i)).collect();
+    kept.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for &(_, i) in kept.iter().take(target - done) {
+        run.pool.evict(&run.table, i);
+    }
+}
+
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let log_sum = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
@@ -89,6 +110,7 @@ pub fn evaluate(
         seconds: 0.0,
     };
     let (mut base, mut test) = (new_run(), new_run());
+    test.pool.track_attention(o.evict > 0.0);
     let (mut nll_base, mut nll_test, mut agree) = (0f64, 0f64, 0usize);
     let mut klds = Vec::new();
     for start in (0..tokens.len()).step_by(o.step) {
@@ -104,11 +126,13 @@ pub fn evaluate(
             klds.push(rb.iter().zip(&rt).map(|(b, t)| b.exp() * (b - t)).sum::<f64>().max(0.0));
             agree += (argmax(&rb) == argmax(&rt)) as usize;
         }
-        // The policy between steps: every full block older than the window, but the first.
+        // The policy between steps: every full block older than the window, but the first, to
+        // the level; then the least attended of them evicted up to the share asked.
         let old = test.table.len.saturating_sub(o.window) / BLOCK_TOKENS;
         for i in 1..old {
             test.pool.set_level(&test.table, i, None, o.level);
         }
+        evict_least_attended(&mut test, old, o.evict);
     }
     let n = klds.len() as f64;
     let kld_mean = klds.iter().sum::<f64>() / n;

@@ -1,7 +1,8 @@
 //! The staged KV cache's levels on real weights (SmolLM2-135M, the first 512 tokens of Hamlet in
 //! steps of 64, a 64-token f16 window and the first block kept), through the same evaluator as
 //! `bench/src/kv_eval.rs`: int8 blocks cost nothing measurable, int4 little, eviction clearly
-//! more, and each level saves more memory, measured from the cache.
+//! more, and each level saves more memory, measured from the cache; evicting only the least
+//! attended half costs a fraction of evicting all.
 
 use crate::support::cached_model;
 use llmr_native_engine::arch::Model;
@@ -20,12 +21,13 @@ fn each_level_saves_more_and_int8_costs_nothing_measurable() {
     let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
     let tokens = &tokenizer.encode(&text, true, false).unwrap()[..512];
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    let run = |level| -> EvalReport {
-        let r = evaluate(&model, shape, config.vocab, tokens, &EvalOptions { step: 64, window: 64, level }).unwrap();
-        eprintln!("{level:?}: {r:?}, delta-PPL {:+.3}%", r.delta_ppl_rel() * 100.0);
+    let run = |level, evict| -> EvalReport {
+        let options = EvalOptions { step: 64, window: 64, level, evict };
+        let r = evaluate(&model, shape, config.vocab, tokens, &options).unwrap();
+        eprintln!("{level:?} evict {evict}: {r:?}, delta-PPL {:+.3}%", r.delta_ppl_rel() * 100.0);
         r
     };
-    let (int8, int4, evicted) = (run(Level::Int8), run(Level::Int4), run(Level::Evicted));
+    let (int8, int4, evicted) = (run(Level::Int8, 0.0), run(Level::Int4, 0.0), run(Level::Evicted, 0.0));
     assert_eq!(int8.scored, 512 - 64 - 1);
     // The f16 run is the same in all three.
     assert_eq!((int8.ppl_f16, int8.kv_bytes_f16), (int4.ppl_f16, int4.kv_bytes_f16));
@@ -39,4 +41,9 @@ fn each_level_saves_more_and_int8_costs_nothing_measurable() {
     let layers = config.layers;
     assert_eq!(int8.levels, [5 * layers, 27 * layers, 0, 0]);
     assert_eq!(evicted.levels, [5 * layers, 0, 0, 27 * layers]);
+    // Evicting half of those blocks, the least attended first, costs a fraction of evicting all.
+    let half = run(Level::Int4, 0.5);
+    assert_eq!(half.levels[Level::Evicted as usize], 13 * layers);
+    assert!(saving(&half) > saving(&int4), "{half:?}");
+    assert!(half.delta_ppl_rel() < evicted.delta_ppl_rel() / 4.0, "{half:?} against {evicted:?}");
 }
