@@ -7,6 +7,7 @@
 
 use crate::arch::{BatchToken, ForwardError, Model, Scratch};
 use crate::kv_cache::{BlockTable, KvPool, Level, Shape, BLOCK_TOKENS};
+use llmr_sampling::argmax;
 
 pub struct EvalOptions {
     /// Tokens fed per step.
@@ -89,10 +90,6 @@ fn log_softmax(row: &[f32]) -> Vec<f64> {
     row.iter().map(|&x| x as f64 - log_sum).collect()
 }
 
-fn argmax(row: &[f64]) -> usize {
-    row.iter().enumerate().fold((0, f64::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0
-}
-
 /// Runs `tokens` through `model` (cache geometry `shape`, `vocab` logits a position) both ways.
 pub fn evaluate(
     model: &Model,
@@ -118,13 +115,13 @@ pub fn evaluate(
         let lb = base.step(model, &tokens[start..end], start)?;
         let lt = test.step(model, &tokens[start..end], start)?;
         for p in start.max(o.window)..end.min(tokens.len() - 1) {
-            let (rb, rt) =
-                (log_softmax(&lb[(p - start) * vocab..][..vocab]), log_softmax(&lt[(p - start) * vocab..][..vocab]));
+            let (row_b, row_t) = (&lb[(p - start) * vocab..][..vocab], &lt[(p - start) * vocab..][..vocab]);
+            let (rb, rt) = (log_softmax(row_b), log_softmax(row_t));
             let next = tokens[p + 1] as usize;
             nll_base -= rb[next];
             nll_test -= rt[next];
             klds.push(rb.iter().zip(&rt).map(|(b, t)| b.exp() * (b - t)).sum::<f64>().max(0.0));
-            agree += (argmax(&rb) == argmax(&rt)) as usize;
+            agree += (argmax(row_b) == argmax(row_t)) as usize;
         }
         // The policy between steps: every full block older than the window, but the first, to
         // the level; then the least attended of them evicted up to the share asked.

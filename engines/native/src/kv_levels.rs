@@ -162,18 +162,18 @@ impl LayerBlock {
         match self {
             LayerBlock::F16 { k, .. } => k[range].convert_to_f32_slice(out),
             LayerBlock::Int8 { k, k_scale, .. } => {
-                let scale = k_scale[kv * hd..][..hd].to_f32_vec();
+                let scale = &k_scale[kv * hd..][..hd];
                 for (row, q) in out.chunks_exact_mut(hd).zip(k[range].chunks_exact(hd)) {
-                    for ((o, &q), s) in row.iter_mut().zip(q).zip(&scale) {
-                        *o = q as f32 * s;
+                    for ((o, &q), s) in row.iter_mut().zip(q).zip(scale) {
+                        *o = q as f32 * s.to_f32();
                     }
                 }
             }
             LayerBlock::Int4 { k, k_scale, k_min, .. } => {
-                let (scale, min) = (k_scale[kv * hd..][..hd].to_f32_vec(), k_min[kv * hd..][..hd].to_f32_vec());
+                let (scale, min) = (&k_scale[kv * hd..][..hd], &k_min[kv * hd..][..hd]);
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
                     for (c, o) in row.iter_mut().enumerate() {
-                        *o = min[c] + get4(k, base + t * hd + c) as f32 * scale[c];
+                        *o = min[c].to_f32() + get4(k, base + t * hd + c) as f32 * scale[c].to_f32();
                     }
                 }
             }

@@ -21,7 +21,7 @@ pub enum GpuError {
     Cuda(String),
 }
 
-fn cuda(e: impl std::fmt::Debug) -> GpuError {
+pub(super) fn cuda(e: impl std::fmt::Debug) -> GpuError {
     GpuError::Cuda(format!("{e:?}"))
 }
 

@@ -6,7 +6,7 @@
 //! matrix products, which take the weights' type as cuBLAS needs (as llama.cpp's CUDA backend
 //! and transformers in bf16 do).
 
-use super::device::{Arg, DevBuf, Elem, Gpu, GpuError, Graph, Matrix};
+use super::device::{cuda, Arg, DevBuf, Elem, Gpu, GpuError, Graph, Matrix};
 use crate::arch::{BatchToken, Output};
 use crate::checkpoint::{Checkpoint, CheckpointError, DType};
 use crate::config::{Activation, Arch, LayerAttention, ModelConfig};
@@ -356,12 +356,12 @@ impl CudaModel {
     /// CUDA graph and replayed: one launch for the whole step instead of ~10 a layer.
     pub fn forward(&self, tables: &[&BlockTable], batch: &[BatchToken], output: Output) -> Result<Vec<f32>, GpuError> {
         let g = &self.gpu;
-        g.ctx.bind_to_thread().map_err(|e| GpuError::Cuda(format!("{e:?}")))?;
+        g.ctx.bind_to_thread().map_err(cuda)?;
         let n = batch.len();
-        let rows: Vec<i32> = (0..n).filter(|&t| batch[t].logits).map(|t| t as i32).collect();
         if n == 0 {
             return Ok(Vec::new());
         }
+        let rows: Vec<i32> = (0..n).filter(|&t| batch[t].logits).map(|t| t as i32).collect();
         // Block tables padded to a power of two, so that a decoding sequence's graph serves
         // many steps rather than 16.
         let stride = tables.iter().map(|t| t.blocks.len()).max().unwrap_or(0).max(1).next_power_of_two();

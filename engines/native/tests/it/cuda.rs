@@ -2,7 +2,7 @@
 //! `cargo test --release -p llmr-native-engine --features cuda cuda::` (bench/cuda/run.sh runs
 //! them on a GPU machine without Rust). CI builds and lints these but has no GPU to run them.
 
-use crate::goldens::check_model;
+use crate::goldens::{check_model, ids};
 use crate::random_checkpoint::{golden_checkpoint_in_temp, golden_names, load_golden};
 use crate::support::{cached_model, cuda_plugin};
 use llmr_engine_host::{EngineInstance, InferParams, InstanceConfig, Sampling};
@@ -12,7 +12,6 @@ use llmr_native_engine::config::ModelConfig;
 use llmr_native_engine::cuda::{CudaModel, LoadError};
 use llmr_native_engine::kv_cache::{BlockTable, KvPool, Shape};
 use llmr_native_engine::tokenizer::ModelTokenizer;
-use serde_json::Value;
 use std::path::Path;
 
 /// The inputs of the GPU's matrix products are rounded to the weights' bf16 (cuBLAS multiplies
@@ -27,10 +26,6 @@ fn shape(c: &ModelConfig) -> Shape {
 fn on_gpu(config: &ModelConfig, checkpoint: &Checkpoint, blocks: usize) -> Result<(Model, KvPool), LoadError> {
     let model = CudaModel::load(config, checkpoint, 0, (shape(config), blocks), None)?;
     Ok((Model::Cuda(Box::new(model)), KvPool::without_storage(shape(config), blocks)))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 #[test]
