@@ -42,6 +42,13 @@ struct Args {
     /// Which tests to run.
     #[arg(long, value_delimiter = ',', default_value = "pp,tg,batch")]
     tests: Vec<String>,
+    /// Context per sequence.
+    #[arg(long, default_value_t = 1024)]
+    ctx: u32,
+    /// The model's load options, a JSON object (the native engine's `kv_policy`,
+    /// `kv_budget_mib`).
+    #[arg(long)]
+    load_options: Option<String>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -123,6 +130,8 @@ fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json:
         (0..n).map(|i| prompt_of(engine, args.npp, 50_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
     let mut rates = Vec::new();
     let mut wall_rates = Vec::new();
+    // Sequences that ended before `ntg` tokens (a KV cache too small for them all), over all reps.
+    let mut ended_early = 0;
     for rep in 0..args.reps.min(3) + 1 {
         let start = Instant::now();
         let results: Vec<Result<(u64, u64, u32)>> = std::thread::scope(|s| {
@@ -153,6 +162,7 @@ fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json:
         let t1 = results.iter().map(|r| r.1).max().unwrap_or(0);
         let decoded: u64 = results.iter().map(|r| u64::from(r.2.saturating_sub(1))).sum();
         let generated: u64 = results.iter().map(|r| u64::from(r.2)).sum();
+        ended_early += results.iter().filter(|r| r.2 < args.ntg).count();
         if rep > 0 {
             rates.push(decoded as f64 / ((t1 - t0) as f64 / 1e9));
             wall_rates.push(generated as f64 / wall);
@@ -162,6 +172,7 @@ fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json:
         "sequences": n, "npp": args.npp, "ntg": args.ntg,
         "decode_tokens_per_s": median(rates.clone()), "samples": rates,
         "end_to_end_tokens_per_s": median(wall_rates),
+        "ended_early": ended_early,
     }))
 }
 
@@ -173,9 +184,13 @@ fn main() -> Result<()> {
     let slots = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
     let engine = EngineInstance::create(
         &plugin,
-        &InstanceConfig { slots, threads: args.threads, context_length: 1024, ..Default::default() },
+        &InstanceConfig { slots, threads: args.threads, context_length: args.ctx, ..Default::default() },
     )?;
-    engine.load_model(&model_spec(&args.model))?;
+    let mut spec = model_spec(&args.model);
+    if let Some(options) = &args.load_options {
+        spec.options = Some(serde_json::from_str(options).context("--load-options is not JSON")?);
+    }
+    engine.load_model(&spec)?;
     let mut out = serde_json::json!({
         "engine": plugin.id(), "engine_version": plugin.manifest.version.to_string(),
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
@@ -192,6 +207,8 @@ fn main() -> Result<()> {
         out["batch"] =
             args.concurrency.iter().map(|&n| run_batch(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();
     }
+    // The engine's own counters (the native engine's KV policy passes and their time among them).
+    out["engine_metrics"] = engine.metrics()?;
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

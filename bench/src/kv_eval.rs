@@ -1,18 +1,22 @@
 //! What the native engine's staged KV cache costs in quality (issue 13): the first `--ctx`
-//! tokens of a text teacher-forced over an f16 cache and over one whose full blocks outside the
-//! recent window go to `--level` after every step (`llmr_native_engine::kv_eval` has the
-//! method). Prints one JSON object: perplexity of both runs, relative delta-PPL, KL divergence
-//! (mean, p99.9), top-1 agreement, KV bytes measured from both caches, seconds of each run.
+//! tokens of a text teacher-forced over an f16 cache and over one run by a KV policy after every
+//! step (`llmr_native_engine::kv_eval` has the method): `--level` for a static level of every
+//! block outside the window and the sinks, or `--profile` for the dynamic policy, under a
+//! budget of `--budget-share` of the f16 cache's bytes. Prints one JSON object: perplexity of
+//! both runs, relative delta-PPL, KL divergence (mean, p99.9), top-1 agreement, KV bytes
+//! measured from both caches, seconds of each run and of the policy's passes.
 //!
 //!   kv-eval --model ~/.cache/llmr/models/smollm2-hf \
 //!           --text ~/.cache/llmr/models/corpus/hamlet_gut.txt --ctx 2048 --level int8
+//!   kv-eval ... --ctx 4096 --profile balanced --budget-share 0.3
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use llmr_kv_policy::KvPolicy;
 use llmr_native_engine::arch::Model;
 use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
-use llmr_native_engine::kv_cache::{Level, Shape, BLOCK_TOKENS};
+use llmr_native_engine::kv_cache::{Shape, BLOCK_TOKENS};
 use llmr_native_engine::kv_eval::{evaluate, EvalOptions};
 use llmr_native_engine::tokenizer::ModelTokenizer;
 use std::path::PathBuf;
@@ -33,10 +37,17 @@ struct Args {
     /// The most recent positions kept in f16.
     #[arg(long, default_value_t = 64)]
     window: usize,
-    /// int8, int4 or evicted: the level of every full block outside the window and the sinks.
-    #[arg(long, default_value = "int8")]
+    /// int8 or int4: the static level of every full block outside the window and the sinks.
+    #[arg(long, default_value = "int8", conflicts_with = "profile")]
     level: String,
-    /// Share (0..1) of those blocks then evicted, the least attended first.
+    /// safe, balanced or aggressive: the dynamic policy with that profile instead.
+    #[arg(long)]
+    profile: Option<String>,
+    /// The policy run's KV budget as a share of the f16 cache of `--ctx` tokens (the pressure
+    /// the dynamic policy sees).
+    #[arg(long, default_value_t = 1.0)]
+    budget_share: f64,
+    /// Share (0..1) of the changeable blocks then evicted, the least attended first.
     #[arg(long, default_value_t = 0.0)]
     evict: f64,
     #[arg(long, default_value_t = 2)]
@@ -45,17 +56,16 @@ struct Args {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let level = match a.level.as_str() {
-        "int8" => Level::Int8,
-        "int4" => Level::Int4,
-        "evicted" => Level::Evicted,
-        other => bail!("--level {other}: expected int8, int4 or evicted"),
+    let patch = match &a.profile {
+        Some(profile) => serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": a.window}),
+        None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
     };
+    let policy = KvPolicy::baseline().patched_json(&patch)?;
     if !(0.0..=1.0).contains(&a.evict) {
         bail!("--evict {} is not a share between 0 and 1", a.evict);
     }
-    if a.window < BLOCK_TOKENS || a.step == 0 {
-        bail!("--window must be at least {BLOCK_TOKENS} and --step positive");
+    if a.step == 0 || !(a.budget_share > 0.0 && a.budget_share <= 1.0) {
+        bail!("--step must be positive and --budget-share a share in (0, 1]");
     }
     rayon::ThreadPoolBuilder::new().num_threads(a.threads).build_global()?;
     let config = ModelConfig::read(&a.model.join("config.json"))?;
@@ -71,24 +81,27 @@ fn main() -> Result<()> {
     }
     tokens.truncate(a.ctx);
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    let r = evaluate(
-        &model,
-        shape,
-        config.vocab,
-        &tokens,
-        &EvalOptions { step: a.step, window: a.window, level, evict: a.evict },
-    )?;
+    let f16_bytes = a.ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
+    let options = EvalOptions {
+        step: a.step,
+        policy,
+        budget: Some((f16_bytes as f64 * a.budget_share) as usize),
+        evict: a.evict,
+        control_ids: tokenizer.control_ids.clone(),
+    };
+    let r = evaluate(&model, shape, config.vocab, &tokens, &options)?;
     println!(
         "{}",
         serde_json::json!({
             "model": a.model.file_name().map(|f| f.to_string_lossy().into_owned()),
-            "ctx": a.ctx, "step": a.step, "window": a.window, "level": a.level, "evict": a.evict,
+            "ctx": a.ctx, "step": a.step, "evict": a.evict, "budget_share": a.budget_share, "policy": policy,
             "threads": a.threads,
             "scored": r.scored, "ppl_f16": r.ppl_f16, "ppl": r.ppl, "delta_ppl_rel": r.delta_ppl_rel(),
             "kld_mean": r.kld_mean, "kld_p999": r.kld_p999, "top1_agreement": r.top1_agreement,
             "kv_bytes_f16": r.kv_bytes_f16, "kv_bytes": r.kv_bytes,
             "kv_saving": 1.0 - r.kv_bytes as f64 / r.kv_bytes_f16 as f64, "levels": r.levels,
             "seconds_f16": r.seconds_f16, "seconds": r.seconds,
+            "policy_seconds": r.policy_seconds, "passes": r.passes,
         })
     );
     Ok(())

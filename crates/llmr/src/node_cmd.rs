@@ -42,7 +42,7 @@ pub fn run(args: NodeCmdArgs) -> Result<()> {
     let node = file.merge(&args.node)?;
     let config = ClusterNodeConfig {
         store: node.store_root()?,
-        node: node.node_config(),
+        node: node.node_config()?,
         api_key: file.merge(&args.key)?.api_key,
         router: args.router.clone(),
         token: args.token,

@@ -282,3 +282,98 @@ fn a_safetensors_folder_is_served_beside_a_gguf_and_a_corrupt_one_harms_nothing(
     let models = s.get_text("/v1/models");
     assert!(models.contains("\"smol-st\"") && models.contains("\"broken\""), "{models}");
 }
+
+/// A port free a moment ago on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_only() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("metrics.jsonl");
+    let s = serve(&[
+        "--model",
+        &format!("smol-st={}", model_dir("smollm2-hf").display()),
+        "--model",
+        &format!("smol-gguf={}", model("smollm2-135m-instruct-q4_1.gguf")),
+        "--control-port",
+        &port.to_string(),
+        "--metrics-file",
+        file.to_str().unwrap(),
+        "--kv-policy",
+        r#"{"mode": "dynamic", "profile": "safe"}"#,
+    ]);
+    let control = format!("http://127.0.0.1:{port}");
+    let get = |path: &str| s.http.get(format!("{control}{path}")).send().unwrap().json::<Value>().unwrap();
+    let post = |path: &str, body: String| {
+        let r = s.http.post(format!("{control}{path}")).header("content-type", "application/json").body(body);
+        let r = r.send().unwrap();
+        let status = r.status().as_u16();
+        (status, r.text().unwrap())
+    };
+    assert_eq!(get("/v1/health")["status"], "ok");
+    // A long prompt, so that blocks leave the 64-token window and the policy stores them int8.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    let (status, body) = s.post("/v1/chat/completions", &chat("smol-st", &long));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(s.post("/v1/chat/completions", &chat("smol-gguf", "Hello")).0, 200);
+    let m = get("/v1/metrics");
+    assert_eq!(m["kv_policy"]["profile"], "safe", "{m}");
+    assert!(m["ftl_ms"].as_f64().is_some_and(|t| t > 0.0) && m["p95_ms"].as_f64() >= m["ftl_ms"].as_f64(), "{m}");
+    let native = m["models"].as_array().unwrap().iter().find(|x| x["model"] == "smol-st").unwrap().clone();
+    assert_eq!(native["kv_policy"]["profile"], "safe", "{m}");
+    assert!(native["policy_passes_total"].as_u64().unwrap() > 0, "{m}");
+    assert!(m["mem"]["kv_bytes"].as_u64().unwrap() > 0 && m["mem"]["host_gb"].as_f64().unwrap() > 0.0, "{m}");
+
+    // Changed live, without a restart: the loaded model takes it from its next step.
+    assert_eq!(post("/v1/policy", json!({"kv": {"profile": "aggressive", "recent_window": 128}}).to_string()).0, 204);
+    let m = get("/v1/metrics");
+    let native = m["models"].as_array().unwrap().iter().find(|x| x["model"] == "smol-st").unwrap().clone();
+    assert_eq!(
+        (native["kv_policy"]["profile"].as_str(), native["kv_policy"]["recent_window"].as_u64()),
+        (Some("aggressive"), Some(128))
+    );
+    assert_eq!(s.post("/v1/chat/completions", &chat("smol-st", &long)).0, 200);
+
+    // Bad input: a 400 naming the field, and the running policy unchanged.
+    for (body, field) in [
+        (json!({"kv": {"recent_window": 4}}).to_string(), "kv.recent_window"),
+        (json!({"kv": {"pressure": {"mid": 0.9, "high": 0.5}}}).to_string(), "kv.pressure"),
+        (json!({"kv": {"modes": "dynamic"}}).to_string(), "modes"),
+        (json!({"kv": {}, "io": {"enable_iobinding": true}}).to_string(), "io"),
+        ("{\"kv\": ".to_string(), "malformed JSON"),
+    ] {
+        let (status, text) = post("/v1/policy", body.clone());
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(field), "{body}: {text}");
+    }
+    assert_eq!(get("/v1/metrics")["kv_policy"]["profile"], "aggressive");
+    assert_eq!(
+        post(
+            "/v1/run-context",
+            json!({"seq_len": 1024, "batch": 4, "target_ftl_ms": 300, "quality_budget": 0.5}).to_string()
+        )
+        .0,
+        204
+    );
+    assert_eq!(post("/v1/run-context", json!({"seq_len": 0, "batch": 4}).to_string()).0, 400);
+    assert_eq!(get("/v1/metrics")["run_context"]["batch"], 4);
+
+    // The control API is not on the public listener.
+    let r = s.http.post(format!("{}/v1/policy", s.url)).json(&json!({"kv": {}})).send().unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // The metrics file: a line a second, figures only.
+    let start = std::time::Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if text.lines().count() >= 2 || start.elapsed() > Duration::from_secs(60) {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let last: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert!(last["t"].as_f64().is_some() && last["mem"]["kv_levels"].is_object(), "{last}");
+    assert!(!lines.contains("quick brown fox"), "no user text in the metrics file");
+}

@@ -33,6 +33,8 @@ pub trait Engine: Send + Sync {
     fn cancel(&self, request_id: u64);
     /// The engine's own counters (KV usage, slots), as JSON.
     fn metrics(&self) -> Option<serde_json::Value>;
+    /// Changes one of the engine's settings for this model at run time (`kv_policy`, ...).
+    fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError>;
 }
 
 /// Settings the node passes to every engine instance it creates.
@@ -43,6 +45,8 @@ pub struct EngineSettings {
     /// 0: the engine's default.
     pub context_length: u32,
     pub host_memory_total_bytes: u64,
+    /// The model's load options (a JSON object: the KV policy the node runs, ...).
+    pub load_options: Option<serde_json::Value>,
 }
 
 pub struct PluginEngine {
@@ -59,6 +63,7 @@ fn model_spec(desc: &ModelDescriptor, settings: &EngineSettings) -> ModelSpec {
         quantization: desc.quantization.clone(),
         mmproj_file: desc.mmproj.as_ref().map(|p| p.display().to_string()),
         context_length: settings.context_length,
+        options: settings.load_options.clone(),
         ..ModelSpec::new(desc.name.clone(), desc.format, desc.primary_file.display().to_string())
     }
 }
@@ -119,6 +124,10 @@ impl Engine for PluginEngine {
 
     fn metrics(&self) -> Option<serde_json::Value> {
         self.instance.metrics().ok()
+    }
+
+    fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError> {
+        self.instance.set_config(Some(&self.model_id), key, value)
     }
 }
 

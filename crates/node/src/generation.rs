@@ -192,11 +192,14 @@ fn start(
             match first {
                 None => {
                     first = Some(now);
-                    metrics::histogram!(m::TTFT, &labels).record(now.duration_since(arrived).as_secs_f64());
+                    let ttft = now.duration_since(arrived).as_secs_f64();
+                    metrics::histogram!(m::TTFT, &labels).record(ttft);
+                    model.first_token_times.record(ttft);
                 }
                 Some(_) => metrics::histogram!(m::INTER_TOKEN, &labels).record(now.duration_since(last).as_secs_f64()),
             }
             last = now;
+            m::GENERATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let logprob = want_logprobs.then(|| TokenLogprob {
                 text: ev.text.to_string(),
                 logprob: ev.logprob,

@@ -17,6 +17,7 @@
 pub mod admission;
 pub mod agent;
 pub mod cache;
+pub mod control;
 pub mod engine;
 mod error;
 pub mod generation;

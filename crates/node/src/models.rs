@@ -14,6 +14,7 @@ use crate::engine::{Engine, EngineSettings, PluginEngine};
 use crate::error::NodeError;
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
 use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, ResolveError};
+use llmr_kv_policy::KvPolicy;
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -44,6 +45,8 @@ pub struct LoadedModel {
     pub admission: Admission,
     /// Bytes the budget counts for this model.
     pub footprint: u64,
+    /// Recent times to the first token (the control API's `ftl_ms` and `p95_ms`).
+    pub first_token_times: crate::metrics::RecentTimes,
     engine_id: String,
     last_used: Mutex<Instant>,
 }
@@ -80,6 +83,9 @@ pub struct ModelManager {
     entries: RwLock<BTreeMap<String, Arc<CatalogEntry>>>,
     registry: Arc<EngineRegistry>,
     policy: ModelPolicy,
+    /// The KV policy set for the node (`--kv-policy`, `POST /v1/policy`): every model loads
+    /// with it, and a change reaches the loaded ones. `None`: each engine's own default.
+    kv_policy: RwLock<Option<KvPolicy>>,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -98,7 +104,28 @@ pub struct LoadSnapshot {
 impl ModelManager {
     /// An empty catalog; [`ModelManager::add`] fills it.
     pub fn new(registry: Arc<EngineRegistry>, policy: ModelPolicy) -> Self {
-        ModelManager { entries: RwLock::new(BTreeMap::new()), registry, policy }
+        ModelManager { entries: RwLock::new(BTreeMap::new()), registry, policy, kv_policy: RwLock::new(None) }
+    }
+
+    /// The KV policy set for the node, if one was.
+    pub fn kv_policy(&self) -> Option<KvPolicy> {
+        *self.kv_policy.read().unwrap()
+    }
+
+    /// Sets the node's KV policy (checked already) and sends it to every loaded model. An
+    /// engine that has no KV levels (llama.cpp today, the native engine on CUDA) refuses it
+    /// and keeps serving as it was; those refusals are returned, by model.
+    pub fn set_kv_policy(&self, policy: KvPolicy) -> Vec<(String, String)> {
+        let value = serde_json::to_value(policy).expect("a policy serializes");
+        *self.kv_policy.write().unwrap() = Some(policy);
+        let mut refused = Vec::new();
+        for m in self.loaded() {
+            if let Err(e) = m.engine.set_config("kv_policy", &value) {
+                tracing::info!(model = %m.name, "KV policy not applied: {}", e.message);
+                refused.push((m.name.clone(), e.message));
+            }
+        }
+        refused
     }
 
     pub fn registry(&self) -> &Arc<EngineRegistry> {
@@ -212,7 +239,10 @@ impl ModelManager {
         self.make_room(name, footprint)?;
         let plugin = entry.plugin.clone();
         let desc = entry.desc.clone();
-        let settings = self.policy.engine.clone();
+        let mut settings = self.policy.engine.clone();
+        if let Some(policy) = self.kv_policy() {
+            settings.load_options = Some(serde_json::json!({ "kv_policy": policy }));
+        }
         let started = Instant::now();
         let engine = tokio::task::spawn_blocking(move || PluginEngine::load(&plugin, &desc, &settings))
             .await
@@ -244,6 +274,7 @@ impl ModelManager {
             engine: Box::new(engine),
             templates,
             footprint,
+            first_token_times: Default::default(),
             last_used: Mutex::new(Instant::now()),
         });
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);

@@ -1,6 +1,7 @@
 //! Building a node from its configuration, and serving it.
 
 use crate::cache::GenerationCache;
+use crate::control::{self, ControlState, SharedControl};
 use crate::engine::EngineSettings;
 use crate::http::{self, AppState, SharedState};
 use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
@@ -32,6 +33,12 @@ pub struct NodeConfig {
     /// (Under a router: the router's per-start secret, and the user's key if any.)
     pub api_keys: Vec<String>,
     pub body_limit: usize,
+    /// The control API (spec 002) on 127.0.0.1 at this port; `None`: off.
+    pub control_port: Option<u16>,
+    /// One JSON line of the control API's metrics a second, appended here; `None`: off.
+    pub metrics_file: Option<PathBuf>,
+    /// The KV policy every model starts with (a patch on the baseline, checked at start).
+    pub kv_policy: Option<serde_json::Value>,
 }
 
 impl Default for NodeConfig {
@@ -47,12 +54,18 @@ impl Default for NodeConfig {
             cache_bytes: None,
             api_keys: Vec::new(),
             body_limit: 16 << 20,
+            control_port: None,
+            metrics_file: None,
+            kv_policy: None,
         }
     }
 }
 
 pub struct Node {
     state: SharedState,
+    control: SharedControl,
+    control_port: Option<u16>,
+    metrics_file: Option<PathBuf>,
 }
 
 impl Node {
@@ -79,11 +92,16 @@ impl Node {
                 threads: config.threads,
                 context_length: config.context_length,
                 host_memory_total_bytes: ram,
+                load_options: None,
             },
             queue_limit: config.queue_limit,
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
         };
         let models = ModelManager::new(Arc::new(registry), policy);
+        if let Some(patch) = &config.kv_policy {
+            let policy = llmr_kv_policy::KvPolicy::baseline().patched_json(patch)?;
+            models.set_kv_policy(policy);
+        }
         // Models whose architecture no plugin supports are left out (and logged), so
         // `/v1/models` lists only what can answer.
         for desc in config.models.iter().cloned() {
@@ -105,7 +123,13 @@ impl Node {
             fingerprint: format!("llmr-{}", env!("CARGO_PKG_VERSION")),
         });
         crate::metrics::handle();
-        Ok(Node { state })
+        let control = ControlState::new(state.models.clone());
+        Ok(Node { state, control, control_port: config.control_port, metrics_file: config.metrics_file })
+    }
+
+    /// The control API (spec 002), for a loopback listener of its own.
+    pub fn control_router(&self) -> axum::Router {
+        control::router(self.control.clone())
     }
 
     pub fn models(&self) -> &Arc<ModelManager> {
@@ -143,7 +167,27 @@ impl Node {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await?;
+        if let Some(path) = self.metrics_file.clone() {
+            control::spawn_metrics_file(self.control.clone(), path);
+        }
+        // The control listener lives as long as the main one.
+        let control = match self.control_port {
+            Some(port) => {
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("the control API cannot listen on {addr}: {e}"))?;
+                tracing::info!(%addr, "control API listening (loopback only)");
+                let router = self.control_router();
+                Some(tokio::spawn(async move { axum::serve(listener, router).await }))
+            }
+            None => None,
+        };
+        let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
+        if let Some(c) = control {
+            c.abort();
+        }
+        served?;
         Ok(())
     }
 }

@@ -28,6 +28,8 @@ pub enum Error {
     /// A flag that cannot go through the merge (a path that is not UTF-8).
     #[error("merging the settings")]
     Merge(#[source] serde_json::Error),
+    #[error("{name}: {message}")]
+    Setting { name: &'static str, message: String },
     #[error("no home directory for the {what}; pass {flag}")]
     NoHome { what: &'static str, flag: &'static str },
     #[error("refusing to listen on {host} without an API key: set --api-key (or LLMR_API_KEY), or pass --no-auth to accept the risk")]

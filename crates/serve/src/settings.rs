@@ -52,6 +52,17 @@ pub struct NodeSettings {
     /// Largest request body accepted (413 beyond).
     #[arg(long, env = "LLMR_BODY_LIMIT_MIB")]
     pub body_limit_mib: Option<usize>,
+    /// The KV-cache control API (POST /v1/policy, POST /v1/run-context, GET /v1/metrics,
+    /// GET /v1/health) on 127.0.0.1 at this port; off by default.
+    #[arg(long, env = "LLMR_CONTROL_PORT")]
+    pub control_port: Option<u16>,
+    /// Appends one JSON line of those metrics a second to this file.
+    #[arg(long, env = "LLMR_METRICS_FILE")]
+    pub metrics_file: Option<PathBuf>,
+    /// The KV policy models start with, as JSON (`{"mode":"dynamic","profile":"balanced"}`);
+    /// engines without KV levels ignore it.
+    #[arg(long, env = "LLMR_KV_POLICY")]
+    pub kv_policy: Option<String>,
 }
 
 impl NodeSettings {
@@ -64,9 +75,16 @@ impl NodeSettings {
     }
 
     /// The node's configuration (MiB into bytes, the node's defaults), without models or keys.
-    pub fn node_config(&self) -> NodeConfig {
+    pub fn node_config(&self) -> Result<NodeConfig, Error> {
         let defaults = NodeConfig::default();
-        NodeConfig {
+        let kv_policy = match &self.kv_policy {
+            Some(text) => Some(
+                serde_json::from_str(text)
+                    .map_err(|e| Error::Setting { name: "--kv-policy", message: format!("not JSON: {e}") })?,
+            ),
+            None => None,
+        };
+        Ok(NodeConfig {
             engines_dir: self.engines_dir.clone().unwrap_or(defaults.engines_dir),
             models: Vec::new(),
             slots: self.slots.unwrap_or(defaults.slots),
@@ -77,7 +95,10 @@ impl NodeSettings {
             cache_bytes: self.cache_mib.map(|m| m << 20),
             api_keys: Vec::new(),
             body_limit: self.body_limit_mib.map_or(defaults.body_limit, |m| m << 20),
-        }
+            control_port: self.control_port,
+            metrics_file: self.metrics_file.clone(),
+            kv_policy,
+        })
     }
 }
 
@@ -115,7 +136,7 @@ impl ServeSettings {
     /// SmolLM2-135M-Instruct if served, else the first one).
     pub fn serve_config(self, node: &NodeSettings, router_db: Option<PathBuf>) -> Result<ServeConfig, Error> {
         let store_root = node.store_root()?;
-        let node_config = node.node_config();
+        let node_config = node.node_config()?;
         let host = self.host.unwrap_or_else(|| "127.0.0.1".into());
         let port = self.port.unwrap_or(8080);
         let api_key = self.api_key.filter(|k| !k.is_empty());
@@ -394,6 +415,9 @@ mod tests {
             "memory_budget_mib",
             "cache_mib",
             "body_limit_mib",
+            "control_port",
+            "metrics_file",
+            "kv_policy",
         ];
         assert_eq!(file_keys(), keys);
     }
@@ -433,7 +457,7 @@ mod tests {
         assert!(serve.no_auth, "a switch left off does not turn the file's off");
         assert_eq!(serve.default_model.as_deref(), Some("x"));
         assert_eq!((node.slots, node.cache_mib, node.queue_limit), (Some(2), Some(0), None));
-        let config = node.node_config();
+        let config = node.node_config().unwrap();
         assert_eq!((config.slots, config.cache_bytes, config.queue_limit), (2, Some(0), 64));
         assert_eq!(config.body_limit, 16 << 20);
 
@@ -450,7 +474,7 @@ mod tests {
             ctx_size: Some(512),
             ..NodeSettings::default()
         };
-        let config = node.node_config();
+        let config = node.node_config().unwrap();
         assert_eq!(
             (config.memory_budget, config.cache_bytes, config.body_limit),
             (Some(3 << 20), Some(2 << 20), 1 << 20)

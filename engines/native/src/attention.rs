@@ -320,7 +320,7 @@ mod tests {
         pool.track_attention(false);
         // Each (query, head) row's weights sum to 1 over the blocks it saw (every row saw all
         // three): the mean weights received, times the rows, add up to the rows.
-        let mass: f64 = table.blocks.iter().map(|&id| pool.attention_received(id) * heads as f64).sum();
+        let mass: f64 = table.blocks.iter().map(|&id| pool.attention_received(id).unwrap_or(0.0) * heads as f64).sum();
         assert!((mass - heads as f64).abs() < 1e-3, "attention mass over the blocks: {mass}, rows: {heads}");
         assert!(pool.set_level(&table, 0, None, Level::Int8));
         let int8 = run(&pool);

@@ -5,6 +5,9 @@
 //!   storage (`LayerBlock`, `kv_levels.rs`): f16 while written, then int8, int4 or evicted when
 //!   a policy says so (`set_level`), one (block, layer) at a time. Only full blocks change
 //!   level, so the block a sequence writes is always f16.
+//! - The pool has a budget in bytes besides its number of blocks: a block takes its f16 size
+//!   when allocated and gives back what a lower level saves, so a policy that stores blocks
+//!   smaller lets more sequences in. A free block holds no storage.
 //! - Only full blocks are shared, and a full block is never written again, so sharing needs no
 //!   copy-on-write: a sequence appends only to its own last, partial block.
 //! - A full block is indexed by a hash of every token up to its end (the hash of the previous
@@ -14,6 +17,7 @@
 
 pub use crate::kv_levels::{LayerBlock, Level};
 use half::f16;
+use rayon::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -75,6 +79,11 @@ pub struct KvPool {
     tracking: AtomicBool,
     blocks: Vec<Block>,
     capacity: usize,
+    /// Bytes of keys and values the blocks hold now (in use and idle), and the most they may.
+    held: usize,
+    budget: usize,
+    /// Of `held`, what idle blocks hold.
+    idle_held: usize,
     free: Vec<BlockId>,
     /// Released blocks still in the index, oldest release first.
     idle: VecDeque<BlockId>,
@@ -99,7 +108,8 @@ fn chain(prev: u64, tokens: &[u32]) -> u64 {
 }
 
 impl KvPool {
-    /// A pool of at most `capacity` blocks, allocated as they are first used.
+    /// A pool of at most `capacity` blocks, allocated as they are first used, with the budget
+    /// of as many f16 blocks.
     pub fn new(shape: Shape, capacity: usize) -> Self {
         KvPool {
             shape,
@@ -107,6 +117,9 @@ impl KvPool {
             tracking: AtomicBool::new(false),
             blocks: Vec::new(),
             capacity,
+            held: 0,
+            idle_held: 0,
+            budget: capacity * shape.block_bytes(),
             free: Vec::new(),
             idle: VecDeque::new(),
             index: HashMap::new(),
@@ -119,6 +132,21 @@ impl KvPool {
         KvPool { stored: false, ..Self::new(shape, capacity) }
     }
 
+    /// This pool with a budget of `bytes` for its storage instead (blocks at lower levels
+    /// take less of it; `capacity` still bounds the number of blocks).
+    pub fn with_budget(self, bytes: usize) -> Self {
+        KvPool { budget: bytes, ..self }
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes the blocks hold, from the pool's account (`stored_bytes` measures them).
+    pub fn held_bytes(&self) -> usize {
+        self.held
+    }
+
     pub fn shape(&self) -> Shape {
         self.shape
     }
@@ -129,19 +157,61 @@ impl KvPool {
     pub fn used(&self) -> usize {
         self.blocks.len() - self.free.len() - self.idle.len()
     }
-    /// Blocks that are free now or can be taken back from the index.
+    /// Blocks that can be allocated now, idle ones taken back included.
     pub fn available(&self) -> usize {
-        self.capacity - self.used()
+        let by_count = self.capacity - self.used();
+        if !self.stored {
+            return by_count;
+        }
+        by_count.min(self.room_bytes() / self.shape.block_bytes())
+    }
+
+    /// Bytes allocations may still take: the budget's rest and what idle blocks hold.
+    pub fn room_bytes(&self) -> usize {
+        self.budget.saturating_sub(self.held) + self.idle_held
+    }
+
+    fn block_bytes(&self, id: BlockId) -> usize {
+        self.blocks[id as usize].layers.iter().map(LayerBlock::bytes).sum()
+    }
+
+    /// Share of the budget the blocks in use hold (idle blocks are a cache given back on
+    /// demand); for a pool without storage, the share of its blocks in use.
+    pub fn pressure(&self) -> f64 {
+        if !self.stored {
+            return self.used() as f64 / self.capacity.max(1) as f64;
+        }
+        (self.held - self.idle_held) as f64 / self.budget.max(1) as f64
+    }
+
+    /// Takes the oldest idle block out of the index, storage given back, into the free list.
+    fn reclaim_idle(&mut self) -> bool {
+        let Some(id) = self.idle.pop_front() else { return false };
+        let key = self.blocks[id as usize].key.take().expect("idle blocks are indexed");
+        self.index.remove(&key);
+        self.idle_held -= self.block_bytes(id);
+        self.drop_storage(id);
+        self.free.push(id);
+        true
+    }
+
+    fn drop_storage(&mut self, id: BlockId) {
+        self.held -= self.block_bytes(id);
+        self.blocks[id as usize].layers.clear();
     }
 
     fn allocate(&mut self) -> Result<BlockId, PoolFull> {
+        let bytes = if self.stored { self.shape.block_bytes() } else { 0 };
+        while self.held + bytes > self.budget {
+            if !self.reclaim_idle() {
+                return Err(PoolFull(self.capacity));
+            }
+        }
         let id = if let Some(id) = self.free.pop() {
             id
         } else if self.blocks.len() < self.capacity {
-            let layer = || LayerBlock::zeroed(self.shape.kv_heads, self.shape.head_dim);
-            let layers = if self.stored { self.shape.layers } else { 0 };
             self.blocks.push(Block {
-                layers: (0..layers).map(|_| layer()).collect(),
+                layers: Vec::new(),
                 refs: 0,
                 key: None,
                 tokens: [0; BLOCK_TOKENS],
@@ -149,21 +219,19 @@ impl KvPool {
                 rows: AtomicU64::new(0),
             });
             (self.blocks.len() - 1) as BlockId
-        } else if let Some(id) = self.idle.pop_front() {
-            let key = self.blocks[id as usize].key.take().expect("idle blocks are indexed");
-            self.index.remove(&key);
-            id
+        } else if self.reclaim_idle() {
+            self.free.pop().expect("a block was just reclaimed")
         } else {
             return Err(PoolFull(self.capacity));
         };
-        let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
+        let (layers, kv_heads, hd) = (self.shape.layers, self.shape.kv_heads, self.shape.head_dim);
         let b = &mut self.blocks[id as usize];
         b.refs = 1;
         *b.mass.get_mut() = 0;
         *b.rows.get_mut() = 0;
-        // A reused block is written from its start: back to f16 wherever a policy changed it.
-        for l in b.layers.iter_mut().filter(|l| l.level() != Level::F16) {
-            *l = LayerBlock::zeroed(kv_heads, hd);
+        if self.stored {
+            b.layers = (0..layers).map(|_| LayerBlock::zeroed(kv_heads, hd)).collect();
+            self.held += bytes;
         }
         Ok(id)
     }
@@ -174,7 +242,9 @@ impl KvPool {
         if b.refs == 0 {
             if b.key.is_some() {
                 self.idle.push_back(id);
+                self.idle_held += self.block_bytes(id);
             } else {
+                self.drop_storage(id);
                 self.free.push(id);
             }
         }
@@ -194,10 +264,11 @@ impl KvPool {
             if b.tokens[..] != *chunk {
                 break;
             }
-            if b.refs == 0 {
-                self.idle.retain(|&i| i != id);
-            }
             b.refs += 1;
+            if b.refs == 1 {
+                self.idle.retain(|&i| i != id);
+                self.idle_held -= self.block_bytes(id);
+            }
             table.blocks.push(id);
             table.keys.push(key);
             prev = key;
@@ -210,7 +281,9 @@ impl KvPool {
     pub fn reserve(&mut self, table: &mut BlockTable, extra: usize) -> Result<(), PoolFull> {
         let need = (table.len + extra).div_ceil(BLOCK_TOKENS);
         let missing = need.saturating_sub(table.blocks.len());
-        if missing > self.available() {
+        if missing > self.capacity - self.used()
+            || (self.stored && missing * self.shape.block_bytes() > self.room_bytes())
+        {
             return Err(PoolFull(self.capacity));
         }
         while table.blocks.len() < need {
@@ -278,8 +351,8 @@ impl KvPool {
     }
 
     /// Stores the `index`-th block of `table` at `level` in `layer` (every layer when `None`).
-    /// Only full f16 blocks go down; false (nothing changed) for a partial block, an index
-    /// past the table, or a block already at another level than f16.
+    /// Only full blocks change, and only down; false (nothing changed) for a partial block, an
+    /// index past the table, or a block at `level` or lower already.
     pub fn set_level(&mut self, table: &BlockTable, index: usize, layer: Option<usize>, level: Level) -> bool {
         if !self.stored || (index + 1) * BLOCK_TOKENS > table.len {
             return false;
@@ -287,14 +360,30 @@ impl KvPool {
         let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
         let layers = &mut self.blocks[table.blocks[index] as usize].layers;
         let range = layer.map_or(0..layers.len(), |l| l..l + 1);
+        // The layers in parallel, on the caller's thread pool (the scheduler's, between steps).
+        let quantized: Vec<Option<LayerBlock>> =
+            layers[range.clone()].par_iter().map(|l| l.quantized(level, kv_heads, hd)).collect();
         let mut changed = false;
-        for l in &mut layers[range] {
-            if let Some(q) = l.quantized(level, kv_heads, hd) {
+        for (l, q) in layers[range].iter_mut().zip(quantized) {
+            if let Some(q) = q {
+                self.held = self.held + q.bytes() - l.bytes();
                 *l = q;
                 changed = true;
             }
         }
         changed
+    }
+
+    /// The level of the `index`-th block of `table` (its lowest over layers; f16 for a pool
+    /// without storage).
+    pub fn level(&self, table: &BlockTable, index: usize) -> Level {
+        let layers = &self.blocks[table.blocks[index] as usize].layers;
+        layers.iter().map(LayerBlock::level).max().unwrap_or(Level::F16)
+    }
+
+    /// Sequences holding block `id`.
+    pub fn sharers(&self, id: BlockId) -> u32 {
+        self.blocks[id as usize].refs
     }
 
     /// Starts (or stops) recording the attention each block receives.
@@ -314,15 +403,11 @@ impl KvPool {
     }
 
     /// The mean attention weight a row that saw block `id` gave its positions, since the block
-    /// was allocated (0 before any).
-    pub fn attention_received(&self, id: BlockId) -> f64 {
+    /// was allocated (`None` before any row).
+    pub fn attention_received(&self, id: BlockId) -> Option<f64> {
         let b = &self.blocks[id as usize];
         let rows = b.rows.load(Ordering::Relaxed);
-        if rows == 0 {
-            0.0
-        } else {
-            b.mass.load(Ordering::Relaxed) as f64 / MASS_ONE / rows as f64
-        }
+        (rows > 0).then(|| b.mass.load(Ordering::Relaxed) as f64 / MASS_ONE / rows as f64)
     }
 
     /// Evicts the `index`-th block of `table` in every layer, whatever its level (a full block).
@@ -331,14 +416,17 @@ impl KvPool {
             return false;
         }
         for l in &mut self.blocks[table.blocks[index] as usize].layers {
+            self.held -= l.bytes();
             *l = LayerBlock::Evicted;
         }
         true
     }
 
-    /// Bytes of keys and values the pool's allocated blocks hold, measured from the storage.
+    /// Bytes of keys and values the pool's blocks hold, measured from the storage.
     pub fn stored_bytes(&self) -> usize {
-        self.blocks.iter().flat_map(|b| &b.layers).map(LayerBlock::bytes).sum()
+        let measured = self.blocks.iter().flat_map(|b| &b.layers).map(LayerBlock::bytes).sum();
+        debug_assert_eq!(measured, self.held, "the budget's account follows the storage");
+        measured
     }
 
     /// (block, layer) pairs at each level, indexed by `Level as usize`, over blocks in use.
@@ -416,6 +504,29 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_budget_admits_blocks_as_levels_shrink_them_and_idle_blocks_give_theirs_back() {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
+        let mut p = KvPool::new(shape, 16).with_budget(4 * shape.block_bytes());
+        let a: Vec<u32> = (0..64).collect();
+        let mut ta = filled(&mut p, &a);
+        assert_eq!((p.available(), p.pressure()), (0, 1.0));
+        assert!(p.reserve(&mut BlockTable::default(), 1).is_err(), "16 blocks by count, 4 by bytes");
+        for i in 0..4 {
+            p.set_level(&ta, i, None, Level::Int4);
+        }
+        assert_eq!(p.available(), 2, "four int4 blocks leave room for two f16 ones");
+        // Released, the indexed blocks stay as a cache that does not count as pressure and is
+        // taken back when a new block needs the bytes.
+        p.free_table(&mut ta);
+        assert_eq!((p.used(), p.pressure()), (0, 0.0));
+        let mut tb = filled(&mut p, &[9; 64]);
+        assert_eq!(p.used(), 4);
+        assert_eq!(p.held_bytes(), p.stored_bytes());
+        assert_eq!(p.attach_prefix(&mut BlockTable::default(), &a), 0, "the cache was taken back");
+        p.free_table(&mut tb);
+    }
+
+    #[test]
     fn writes_land_in_the_right_block_and_slot() {
         let mut p = pool(4);
         let t = filled(&mut p, &[1; 20]);
@@ -439,10 +550,17 @@ mod tests {
         assert!(p.set_level(&t, 0, None, Level::Int8), "layer 0 goes down; layer 1 is int4 already");
         assert_eq!(p.level_counts(), [2, 1, 1, 0]);
         assert!(p.stored_bytes() < f16_bytes);
-        assert!(!p.set_level(&t, 0, None, Level::Evicted), "only f16 blocks are rewritten");
+        assert_eq!(p.held_bytes(), p.stored_bytes());
+        assert!(!p.set_level(&t, 0, None, Level::Int8), "levels only go down");
+        assert!(p.set_level(&t, 0, None, Level::Int4));
+        assert_eq!((p.level(&t, 0), p.level_counts()), (Level::Int4, [2, 0, 2, 0]));
+        assert!(p.evict(&t, 0));
+        assert_eq!(p.held_bytes(), p.stored_bytes());
         p.free_table(&mut t);
+        assert_eq!(p.held_bytes(), 0, "free blocks hold no storage");
         let t = filled(&mut p, &[2; 32]);
         assert!(t.blocks.iter().all(|&id| (0..2).all(|l| p.layer(id, l).level() == Level::F16)));
         assert_eq!(p.level_counts(), [4, 0, 0, 0]);
+        assert_eq!(p.held_bytes(), 2 * p.shape().block_bytes());
     }
 }

@@ -1,23 +1,28 @@
 //! The staged KV cache's quality cost, measured (issue 13; `bench/src/kv_eval.rs` is the tool,
 //! a test uses it too): a text teacher-forced through one model twice in lockstep, once over an
-//! f16 cache and once over a cache whose full blocks outside the recent window go to a level
-//! after every step (the first block, the attention sinks, stays f16). Text is fed in steps, as
-//! a policy acting between serving steps sees it; every position after the first window is
-//! scored.
+//! f16 cache and once over a cache run by a KV policy, applied after every step by the same
+//! pass the scheduler runs (`kv_control.rs`). Text is fed in steps, as a policy acting between
+//! serving steps sees it; every position after the first recent window is scored.
 
 use crate::arch::{BatchToken, ForwardError, Model, Scratch};
 use crate::kv_cache::{BlockTable, KvPool, Level, Shape, BLOCK_TOKENS};
+use crate::kv_control::{self, SeqView};
+use llmr_kv_policy::KvPolicy;
 use llmr_sampling::argmax;
+use std::collections::HashSet;
 
 pub struct EvalOptions {
     /// Tokens fed per step.
     pub step: usize,
-    /// The most recent positions kept in f16 (at least one block).
-    pub window: usize,
-    pub level: Level,
-    /// The share of the blocks outside the window and the sinks to evict, those that received
-    /// the least attention first (0: none).
+    pub policy: KvPolicy,
+    /// The policy run's KV budget in bytes (`None`: the f16 size of the whole text); the
+    /// pressure the policy sees is the share of it in use.
+    pub budget: Option<usize>,
+    /// The share of the changeable blocks then evicted, those that received the least
+    /// attention first (0: none), beyond what the policy does.
     pub evict: f64,
+    /// The tokenizer's control tokens (the policy's semantic term).
+    pub control_ids: HashSet<u32>,
 }
 
 #[derive(Debug)]
@@ -36,6 +41,9 @@ pub struct EvalReport {
     pub levels: [usize; 4],
     pub seconds_f16: f64,
     pub seconds: f64,
+    /// Time in the policy's passes, and how many there were.
+    pub policy_seconds: f64,
+    pub passes: usize,
 }
 
 impl EvalReport {
@@ -53,9 +61,9 @@ struct Run {
 }
 
 impl Run {
+    /// Runs `tokens` at positions from `start`, room for them reserved already.
     fn step(&mut self, model: &Model, tokens: &[u32], start: usize) -> Result<Vec<f32>, ForwardError> {
         let n = tokens.len();
-        self.pool.reserve(&mut self.table, n).map_err(|e| ForwardError(e.to_string()))?;
         self.table.len += n;
         let batch: Vec<BatchToken> =
             (0..n).map(|i| BatchToken { token: tokens[i], seq: 0, pos: start + i, logits: true }).collect();
@@ -66,18 +74,19 @@ impl Run {
     }
 }
 
-/// Evicts blocks `1..old` of `run`'s sequence, least attention received first, until `share` of
+/// Evicts blocks `range` of `run`'s sequence, least attention received first, until `share` of
 /// them are evicted.
-fn evict_least_attended(run: &mut Run, old: usize, share: f64) {
-    let candidates = old.saturating_sub(1);
-    let target = (candidates as f64 * share).floor() as usize;
-    let evicted = |run: &Run, i: usize| run.pool.layer(run.table.blocks[i], 0).level() == Level::Evicted;
-    let done = (1..old).filter(|&i| evicted(run, i)).count();
+fn evict_least_attended(run: &mut Run, range: std::ops::Range<usize>, share: f64) {
+    let target = (range.len() as f64 * share).floor() as usize;
+    let evicted = |run: &Run, i: usize| run.pool.level(&run.table, i) == Level::Evicted;
+    let done = range.clone().filter(|&i| evicted(run, i)).count();
     if done >= target {
         return;
     }
-    let mut kept: Vec<(f64, usize)> =
-        (1..old).filter(|&i| !evicted(run, i)).map(|i| (run.pool.attention_received(run.table.blocks[i]), i)).collect();
+    let mut kept: Vec<(f64, usize)> = range
+        .filter(|&i| !evicted(run, i))
+        .map(|i| (run.pool.attention_received(run.table.blocks[i]).unwrap_or(0.0), i))
+        .collect();
     kept.sort_by(|a, b| a.0.total_cmp(&b.0));
     for &(_, i) in kept.iter().take(target - done) {
         run.pool.evict(&run.table, i);
@@ -98,7 +107,8 @@ pub fn evaluate(
     tokens: &[u32],
     o: &EvalOptions,
 ) -> Result<EvalReport, ForwardError> {
-    assert!(o.window >= BLOCK_TOKENS && o.step > 0 && tokens.len() > o.window + 1);
+    let window = o.policy.recent_window;
+    assert!(o.step > 0 && tokens.len() > window + 1);
     let blocks = tokens.len().div_ceil(BLOCK_TOKENS);
     let new_run = || Run {
         pool: KvPool::new(shape, blocks),
@@ -107,14 +117,33 @@ pub fn evaluate(
         seconds: 0.0,
     };
     let (mut base, mut test) = (new_run(), new_run());
-    test.pool.track_attention(o.evict > 0.0);
+    if let Some(bytes) = o.budget {
+        test.pool = test.pool.with_budget(bytes);
+    }
+    test.pool.track_attention(o.evict > 0.0 || o.policy.needs_attention());
+    let (mut policy_seconds, mut passes) = (0.0, 0);
     let (mut nll_base, mut nll_test, mut agree) = (0f64, 0f64, 0usize);
     let mut klds = Vec::new();
     for start in (0..tokens.len()).step_by(o.step) {
         let end = (start + o.step).min(tokens.len());
+        base.pool.reserve(&mut base.table, end - start).map_err(|e| ForwardError(e.to_string()))?;
+        if test.pool.reserve(&mut test.table, end - start).is_err() {
+            // No room: the policy's pass with what the step needs (the scheduler's fast loop), once.
+            let missing = (test.table.len + end - start).div_ceil(BLOCK_TOKENS) - test.table.blocks.len();
+            let seq = SeqView { table: &test.table, tokens: &tokens[..start] };
+            let need = missing * shape.block_bytes();
+            kv_control::apply(&o.policy, &mut test.pool, &[seq], tokens.len(), &|t| o.control_ids.contains(&t), need);
+            test.pool.reserve(&mut test.table, end - start).map_err(|_| {
+                ForwardError(format!(
+                    "at position {start} the policy keeps {} bytes of a {}-byte budget: no room for the next step",
+                    test.pool.held_bytes(),
+                    test.pool.budget()
+                ))
+            })?;
+        }
         let lb = base.step(model, &tokens[start..end], start)?;
         let lt = test.step(model, &tokens[start..end], start)?;
-        for p in start.max(o.window)..end.min(tokens.len() - 1) {
+        for p in start.max(window)..end.min(tokens.len() - 1) {
             let (row_b, row_t) = (&lb[(p - start) * vocab..][..vocab], &lt[(p - start) * vocab..][..vocab]);
             let (rb, rt) = (log_softmax(row_b), log_softmax(row_t));
             let next = tokens[p + 1] as usize;
@@ -123,13 +152,14 @@ pub fn evaluate(
             klds.push(rb.iter().zip(&rt).map(|(b, t)| b.exp() * (b - t)).sum::<f64>().max(0.0));
             agree += (argmax(row_b) == argmax(row_t)) as usize;
         }
-        // The policy between steps: every full block older than the window, but the first, to
-        // the level; then the least attended of them evicted up to the share asked.
-        let old = test.table.len.saturating_sub(o.window) / BLOCK_TOKENS;
-        for i in 1..old {
-            test.pool.set_level(&test.table, i, None, o.level);
-        }
-        evict_least_attended(&mut test, old, o.evict);
+        // The policy between steps, then the least attended blocks evicted up to the share asked.
+        let t = std::time::Instant::now();
+        let seq = SeqView { table: &test.table, tokens: &tokens[..end] };
+        kv_control::apply(&o.policy, &mut test.pool, &[seq], tokens.len(), &|t| o.control_ids.contains(&t), 0);
+        policy_seconds += t.elapsed().as_secs_f64();
+        passes += 1;
+        let changeable = o.policy.changeable(test.table.len, BLOCK_TOKENS);
+        evict_least_attended(&mut test, changeable, o.evict);
     }
     let n = klds.len() as f64;
     let kld_mean = klds.iter().sum::<f64>() / n;
@@ -146,5 +176,7 @@ pub fn evaluate(
         levels: test.pool.level_counts(),
         seconds_f16: base.seconds,
         seconds: test.seconds,
+        policy_seconds,
+        passes,
     })
 }

@@ -12,13 +12,7 @@ use crate::kv_cache::BLOCK_TOKENS;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Level {
-    F16 = 0,
-    Int8 = 1,
-    Int4 = 2,
-    Evicted = 3,
-}
+pub use llmr_kv_policy::Level;
 
 /// Int4 value groups: this many channels of one position share a scale and minimum.
 const V_GROUP: usize = 32;
@@ -80,11 +74,26 @@ impl LayerBlock {
         }
     }
 
-    /// This block stored at `level` (from f16; `None` when it is not f16, or `level` is F16:
-    /// only f16 blocks are rewritten).
+    /// This block stored at `level`, a lower one than its own (`None` otherwise). From f16 the
+    /// values are rounded once; from int8 to int4 they are rounded again from the int8 ones.
     pub fn quantized(&self, level: Level, kv_heads: usize, hd: usize) -> Option<LayerBlock> {
-        let LayerBlock::F16 { k, v } = self else { return None };
-        let (k, v) = (k.to_f32_vec(), v.to_f32_vec());
+        if level <= self.level() {
+            return None;
+        }
+        let (k, v) = match self {
+            LayerBlock::F16 { k, v } => (k.to_f32_vec(), v.to_f32_vec()),
+            LayerBlock::Evicted => return None,
+            _ => {
+                let n = kv_heads * BLOCK_TOKENS * hd;
+                let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
+                for h in 0..kv_heads {
+                    let at = h * BLOCK_TOKENS * hd;
+                    self.keys_into(h, hd, (0, BLOCK_TOKENS), &mut k[at..at + BLOCK_TOKENS * hd]);
+                    self.values_into(h, hd, (0, BLOCK_TOKENS), &mut v[at..at + BLOCK_TOKENS * hd]);
+                }
+                (k, v)
+            }
+        };
         match level {
             Level::F16 => None,
             Level::Evicted => Some(LayerBlock::Evicted),
@@ -303,8 +312,17 @@ mod tests {
         let evicted = f16b.quantized(Level::Evicted, kv_heads, hd).unwrap();
         assert_eq!(evicted.bytes(), 0);
         assert!(!evicted.keys_into(0, hd, (0, 16), &mut vec![0f32; BLOCK_TOKENS * hd]));
-        // Only f16 blocks are rewritten.
+        // Levels only go down.
         assert!(evicted.quantized(Level::Int8, kv_heads, hd).is_none());
         assert!(f16b.quantized(Level::F16, kv_heads, hd).is_none());
+        let int4 = f16b.quantized(Level::Int4, kv_heads, hd).unwrap();
+        assert!(int4.quantized(Level::Int8, kv_heads, hd).is_none());
+        // int8 to int4 rounds the int8 values again: within one int4 step plus one int8 step.
+        let twice = f16b.quantized(Level::Int8, kv_heads, hd).unwrap().quantized(Level::Int4, kv_heads, hd).unwrap();
+        assert_eq!((twice.level(), twice.bytes()), (Level::Int4, int4.bytes()));
+        let (mut a, mut b) = (vec![0f32; BLOCK_TOKENS * hd], vec![0f32; BLOCK_TOKENS * hd]);
+        twice.values_into(1, hd, (0, BLOCK_TOKENS), &mut a);
+        int4.values_into(1, hd, (0, BLOCK_TOKENS), &mut b);
+        assert!(worst(&a, &b, None) <= 2.0 / 15.0 + 1.0 / 127.0);
     }
 }

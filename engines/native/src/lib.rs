@@ -13,6 +13,7 @@ pub mod cuda;
 mod embed;
 pub mod kernels;
 pub mod kv_cache;
+pub mod kv_control;
 pub mod kv_eval;
 pub mod kv_levels;
 pub mod rope;
@@ -29,6 +30,7 @@ use llmr_engine_sdk::{
     abi, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo,
     ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
+use llmr_kv_policy::KvPolicy;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +55,8 @@ struct LoadedModel {
     kv_blocks: usize,
     weight_bytes: usize,
     pooling: Pooling,
+    /// The KV policy its scheduler runs (patches apply on top of it).
+    policy: Mutex<KvPolicy>,
     scheduler: Worker<Command>,
     stats: Arc<Stats>,
 }
@@ -62,6 +66,9 @@ pub struct NativeEngine {
     /// Step settings for models loaded from now on (`set_config` without a model id changes them
     /// and every loaded model's).
     step: Mutex<(usize, f64)>,
+    /// The KV policy of models loaded from now on (`kv_policy` param, `set_config` without a
+    /// model id).
+    policy: Mutex<KvPolicy>,
     models: RwLock<HashMap<String, Arc<LoadedModel>>>,
     running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
@@ -117,6 +124,28 @@ impl NativeEngine {
         relay(rx, sink, &cancel)
     }
 
+    fn on_gpu(&self) -> bool {
+        cfg!(feature = "cuda") && self.config.gpu_backend == abi::LLMR_GPU_CUDA
+    }
+
+    /// The KV budget in bytes: `kv_budget_mib` from the model's load options or the engine's
+    /// params, else `blocks` f16 blocks. It must hold one full context in f16, so that one
+    /// sequence can always run.
+    fn kv_budget(&self, desc: &ModelDesc, shape: Shape, ctx: usize, blocks: usize) -> Result<usize, EngineError> {
+        let key = "kv_budget_mib";
+        let Some(value) = desc.options.get(key).or_else(|| self.config.params.get(key)) else {
+            return Ok(blocks * shape.block_bytes());
+        };
+        let one_context = ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
+        match value.as_f64() {
+            Some(mib) if mib.is_finite() && mib * 1048576.0 >= one_context as f64 => Ok((mib * 1048576.0) as usize),
+            _ => Err(EngineError::load_failed(format!(
+                "`{key}` must be a number of MiB holding at least one full context in f16 ({:.1} MiB), got {value}",
+                one_context as f64 / 1048576.0
+            ))),
+        }
+    }
+
     /// The model's weights where the instance runs (CPU, or the configured GPU), with a pool of
     /// `blocks` KV blocks whose storage lives beside them.
     fn place(
@@ -165,9 +194,14 @@ impl Engine for NativeEngine {
         let param = |key: &str| config.params.get(key).and_then(|v| v.as_f64());
         let prefill_chunk = param("prefill_chunk").map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1.0, 65536.0) as usize);
         let prefill_stall = param("prefill_stall").map_or(DEFAULT_PREFILL_STALL, |v| v.max(1.0));
+        let policy = match config.params.get("kv_policy") {
+            Some(patch) => policy_for(&KvPolicy::baseline(), patch, cuda)?,
+            None => KvPolicy::baseline(),
+        };
         Ok(NativeEngine {
             config,
             step: Mutex::new((prefill_chunk, prefill_stall)),
+            policy: Mutex::new(policy),
             models: RwLock::default(),
             running: Mutex::default(),
         })
@@ -201,9 +235,21 @@ impl Engine for NativeEngine {
         let slots = if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS };
         let threads = if self.config.threads > 0 { self.config.threads as usize } else { default_threads() };
         let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-        // Every slot can hold a full context; blocks are allocated as they are first used.
+        // Every slot can hold a full context; blocks are allocated as they are first used. A
+        // byte budget (`kv_budget_mib`) may be smaller: a KV policy then fits more in it.
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
+        let budget = self.kv_budget(&desc, shape, ctx_per_seq as usize, kv_blocks)?;
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
+        let pool = pool.with_budget(budget);
+        let mut policy = match desc.options.get("kv_policy") {
+            Some(patch) => policy_for(&self.policy.lock().unwrap(), patch, false)?,
+            None => *self.policy.lock().unwrap(),
+        };
+        if self.on_gpu() && policy.is_active() {
+            // A node-wide policy reaches every model; on the GPU the cache stays f16.
+            self.config.logger.warn("the CUDA backend keeps its KV cache in f16: KV policy not applied");
+            policy = KvPolicy::baseline();
+        }
         let model = Arc::new(model);
         let pool_threads = Arc::new(
             rayon::ThreadPoolBuilder::new()
@@ -219,7 +265,7 @@ impl Engine for NativeEngine {
         let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
         let scheduler =
             spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
-                let s = Scheduler::new(model, tk, vocab, pool, pool_threads, settings, st, logger);
+                let s = Scheduler::new(model, tk, vocab, pool, pool_threads, settings, policy, st, logger);
                 let _ = ready.send(Ok(()));
                 s.run(rx)
             })?;
@@ -239,6 +285,7 @@ impl Engine for NativeEngine {
             slots,
             threads,
             kv_blocks,
+            policy: Mutex::new(policy),
             scheduler,
             stats,
         });
@@ -265,6 +312,8 @@ impl Engine for NativeEngine {
         extra.insert("kv_cache_type".into(), "f16".into());
         extra.insert("kv_block_tokens".into(), BLOCK_TOKENS.into());
         extra.insert("kv_blocks".into(), m.kv_blocks.into());
+        extra.insert("kv_budget_bytes".into(), m.stats.kv_budget_bytes.load(Ordering::Relaxed).into());
+        extra.insert("kv_policy".into(), serde_json::to_value(*m.policy.lock().unwrap()).unwrap_or_default());
         Ok(ModelInfo {
             architecture: Some(c.model_type.clone()),
             context_length: Some(m.ctx_per_seq),
@@ -353,6 +402,29 @@ impl Engine for NativeEngine {
     }
 
     fn set_config(&self, model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
+        if key == "kv_policy" {
+            // Checked here, so that a refused patch leaves the running policy as it was.
+            return match model_id {
+                Some(id) => {
+                    let m = self.model(id)?;
+                    let mut current = m.policy.lock().unwrap();
+                    let policy = policy_for(&current, &value, self.on_gpu())?;
+                    m.scheduler.send(Command::Policy(policy))?;
+                    *current = policy;
+                    Ok(())
+                }
+                None => {
+                    let mut default = self.policy.lock().unwrap();
+                    let policy = policy_for(&default, &value, self.on_gpu())?;
+                    *default = policy;
+                    for m in self.models.read().unwrap().values() {
+                        m.scheduler.send(Command::Policy(policy))?;
+                        *m.policy.lock().unwrap() = policy;
+                    }
+                    Ok(())
+                }
+            };
+        }
         let (prefill_chunk, prefill_stall) = step_setting(key, &value)?;
         let change = || Command::Step { prefill_chunk, prefill_stall };
         match model_id {
@@ -387,11 +459,37 @@ impl Engine for NativeEngine {
                     "decode_steps_total": get(&s.decode_steps_total),
                     "kv_blocks_used": get(&s.kv_blocks_used),
                     "kv_blocks_total": get(&s.kv_blocks_total),
+                    "kv_bytes": get(&s.kv_bytes),
+                    "kv_budget_bytes": get(&s.kv_budget_bytes),
+                    // (block, layer) pairs in use per level.
+                    "kv_levels": {
+                        "L0": get(&s.kv_levels[0]),
+                        "L1": get(&s.kv_levels[1]),
+                        "L2": get(&s.kv_levels[2]),
+                        "L3": get(&s.kv_levels[3]),
+                    },
+                    "kv_policy": *m.policy.lock().unwrap(),
+                    "policy_passes_total": get(&s.policy_passes_total),
+                    "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,
+                    "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),
+                    "policy_errors_total": get(&s.policy_errors_total),
                 })
             })
             .collect();
         Ok(serde_json::json!({ "models": per_model }))
     }
+}
+
+/// `patch` (a `kv_policy` object) applied to `current`, or the error naming the field.
+fn policy_for(current: &KvPolicy, patch: &serde_json::Value, on_gpu: bool) -> Result<KvPolicy, EngineError> {
+    let policy = current.patched_json(patch).map_err(|e| EngineError::new(ErrorCode::Unsupported, e.to_string()))?;
+    if on_gpu && policy.is_active() {
+        return Err(EngineError::new(
+            ErrorCode::Unsupported,
+            "kv policy: the CUDA backend keeps its KV cache in f16; levels run on the CPU build",
+        ));
+    }
+    Ok(policy)
 }
 
 /// A `set_config` value for `prefill_chunk` (tokens, 1..=65536) or `prefill_stall` (>= 1).

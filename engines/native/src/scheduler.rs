@@ -6,20 +6,31 @@
 //! model's thread pool, and samples for every sequence whose last prompt token or generated
 //! token was in it. New requests join between steps, starting after the longest run of full KV
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
+//!
+//! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
+//! lower levels: every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
+//! high band or the pool has no room for a step (before any sequence is ended for room). A
+//! panic in the policy path puts the baseline back (no more level changes) and is counted.
 
 use crate::arch::{BatchToken, Model, Scratch};
 use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
-use crate::kv_cache::{BlockTable, KvPool};
+use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
+use crate::kv_control::{self, SeqView};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger, Sampling};
+use llmr_kv_policy::KvPolicy;
 use llmr_sampling::{logprobs, Pacer, Sampler};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The policy's level adjustments run this often (spec 002's mid loop); its fast loop (pressure
+/// above the high band, no room) runs between any two steps.
+const MID_LOOP: Duration = Duration::from_millis(10);
 
 /// A generation request, tokenized by the caller.
 pub struct Job {
@@ -42,6 +53,8 @@ pub enum Command {
         prefill_chunk: Option<usize>,
         prefill_stall: Option<f64>,
     },
+    /// A new KV policy, checked by the caller; it applies from the next pass.
+    Policy(KvPolicy),
     Shutdown,
 }
 
@@ -57,6 +70,16 @@ pub struct Stats {
     pub decode_steps_total: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_total: AtomicU64,
+    /// Bytes the cache's blocks hold and the budget they may.
+    pub kv_bytes: AtomicU64,
+    pub kv_budget_bytes: AtomicU64,
+    /// (block, layer) pairs in use at each level, `Level as usize`, as of the last pass.
+    pub kv_levels: [AtomicU64; 4],
+    pub policy_passes_total: AtomicU64,
+    pub policy_ns_total: AtomicU64,
+    pub policy_blocks_changed_total: AtomicU64,
+    /// Panics in the policy path, each followed by the baseline policy.
+    pub policy_errors_total: AtomicU64,
 }
 
 /// How a model's worker runs.
@@ -103,6 +126,8 @@ pub struct Scheduler {
     embeds: VecDeque<EmbedRun>,
     scratch: Scratch,
     pacer: Pacer,
+    policy: KvPolicy,
+    next_pass: Instant,
     stats: Arc<Stats>,
     logger: Logger,
 }
@@ -116,10 +141,13 @@ impl Scheduler {
         pool: KvPool,
         threads: Arc<rayon::ThreadPool>,
         settings: StepSettings,
+        policy: KvPolicy,
         stats: Arc<Stats>,
         logger: Logger,
     ) -> Self {
         stats.kv_blocks_total.store(pool.capacity() as u64, Ordering::Relaxed);
+        stats.kv_budget_bytes.store(pool.budget() as u64, Ordering::Relaxed);
+        pool.track_attention(policy.needs_attention());
         Scheduler {
             model,
             tokenizer,
@@ -132,6 +160,8 @@ impl Scheduler {
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
             pacer: Pacer::default(),
+            policy,
+            next_pass: Instant::now(),
             stats,
             logger,
         }
@@ -190,6 +220,12 @@ impl Scheduler {
             Command::Step { prefill_chunk, prefill_stall } => {
                 self.settings.prefill_chunk = prefill_chunk.unwrap_or(self.settings.prefill_chunk);
                 self.settings.prefill_stall = prefill_stall.unwrap_or(self.settings.prefill_stall);
+                true
+            }
+            Command::Policy(policy) => {
+                self.pool.track_attention(policy.needs_attention());
+                self.policy = policy;
+                self.next_pass = Instant::now();
                 true
             }
             Command::Shutdown => {
@@ -259,7 +295,9 @@ impl Scheduler {
             for i in 0..self.running.len() {
                 let r = &mut self.running[i];
                 if r.pending.is_some() && self.pool.reserve(&mut r.table, 1).is_err() {
-                    self.end_longest();
+                    if !self.control(Some(1)) {
+                        self.end_longest();
+                    }
                     continue 'room;
                 }
             }
@@ -297,7 +335,8 @@ impl Scheduler {
             let n = end - r.next_prompt;
             let r = &mut self.running[s];
             if self.pool.reserve(&mut r.table, n).is_err() {
-                // No room for this prompt now: it waits for sequences to finish.
+                // No room for this prompt now: it waits for sequences to finish (generating
+                // sequences keep the room they need), or for the policy to make some.
                 continue;
             }
             for p in r.next_prompt..end {
@@ -318,9 +357,10 @@ impl Scheduler {
     fn step(&mut self) {
         let (batch, decoding) = self.build_batch();
         if batch.is_empty() {
-            // Every running prompt waits for room only a finished sequence frees. The pool holds
-            // at least one full context, so ending the longest lets the others go on.
-            if !self.running.is_empty() {
+            // Every running prompt waits for room: the policy makes some if it can, or else
+            // only a finished sequence frees it. The pool's budget holds at least one full f16
+            // context, so ending the longest lets the others go on.
+            if !self.running.is_empty() && !self.control(Some(self.settings.prefill_chunk.div_ceil(BLOCK_TOKENS) + 1)) {
                 self.end_longest();
             }
             return;
@@ -345,7 +385,8 @@ impl Scheduler {
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
         }
-        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        self.control(None);
+        self.publish_kv_stats();
         let mut i = 0;
         while i < self.running.len() {
             match self.running[i].logits_row {
@@ -412,6 +453,56 @@ impl Scheduler {
         }
     }
 
+    /// Runs a policy pass when one is due, or at once when the next step needs `room` blocks
+    /// the pool does not have (the pass then goes down to the policy's emergency floor). Returns
+    /// whether it gave bytes back.
+    fn control(&mut self, room: Option<usize>) -> bool {
+        let now = Instant::now();
+        let urgent = room.is_some() || self.pool.pressure() > self.policy.pressure.high;
+        if !self.policy.is_active() || (!urgent && now < self.next_pass) {
+            return false;
+        }
+        self.next_pass = now + MID_LOOP;
+        let seqs: Vec<SeqView> = self.running.iter().map(|r| SeqView { table: &r.table, tokens: &r.tokens }).collect();
+        let (policy, pool, control) = (&self.policy, &mut self.pool, &self.tokenizer.control_ids);
+        let ctx = self.settings.ctx_per_seq;
+        let need = room.unwrap_or(0) * pool.shape().block_bytes();
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.threads.install(|| kv_control::apply(policy, pool, &seqs, ctx, &|t| control.contains(&t), need))
+        }));
+        let s = &self.stats;
+        s.policy_passes_total.fetch_add(1, Ordering::Relaxed);
+        s.policy_ns_total.fetch_add(now.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match pass {
+            Ok(report) => {
+                s.policy_blocks_changed_total.fetch_add(report.changed as u64, Ordering::Relaxed);
+                report.bytes_after < report.bytes_before
+            }
+            Err(_) => {
+                s.policy_errors_total.fetch_add(1, Ordering::Relaxed);
+                self.logger.error("the KV policy failed: back to the baseline (no more level changes)");
+                self.policy = KvPolicy::baseline();
+                self.pool.track_attention(false);
+                false
+            }
+        }
+    }
+
+    /// The cache's figures for `metrics`: blocks and bytes in use, and the level counts when
+    /// the blocks in use changed (counting them walks every block).
+    fn publish_kv_stats(&mut self) {
+        let s = &self.stats;
+        let used = self.pool.used() as u64;
+        let bytes = self.pool.held_bytes() as u64;
+        let changed = (s.kv_blocks_used.swap(used, Ordering::Relaxed) != used) as u8
+            | (s.kv_bytes.swap(bytes, Ordering::Relaxed) != bytes) as u8;
+        if changed != 0 {
+            for (stat, n) in s.kv_levels.iter().zip(self.pool.level_counts()) {
+                stat.store(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn end_longest(&mut self) {
         if let Some(longest) = (0..self.running.len()).max_by_key(|&j| self.running[j].table.len) {
             self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
@@ -429,14 +520,14 @@ impl Scheduler {
             let _ = r.job.events.send(Event::Failed(e));
         }
         self.stats.running.store(0, Ordering::Relaxed);
-        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        self.publish_kv_stats();
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) {
         let mut r = self.running.swap_remove(i);
         self.pool.free_table(&mut r.table);
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
-        self.stats.kv_blocks_used.store(self.pool.used() as u64, Ordering::Relaxed);
+        self.publish_kv_stats();
         self.logger.debug(&format!(
             "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
             r.job.request_id,

@@ -20,6 +20,8 @@ pub struct ModelTokenizer {
     pub end_ids: HashSet<u32>,
     /// Whether the model's tokenizer starts a text with BOS (tokenizer_config's `add_bos_token`).
     pub adds_bos: bool,
+    /// The tokenizer's special tokens (BOS, EOS, the chat template's role and turn markers).
+    pub control_ids: HashSet<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +87,19 @@ impl ModelTokenizer {
         }
         let bos_id = bos_token.as_deref().and_then(|t| special.token_to_id(t)).or(config_bos);
         let adds_bos = tc.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
-        Ok(ModelTokenizer { special, plain, chat_template, bos_token, eos_token, bos_id, end_ids, adds_bos })
+        let control_ids =
+            special.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        Ok(ModelTokenizer {
+            special,
+            plain,
+            chat_template,
+            bos_token,
+            eos_token,
+            bos_id,
+            end_ids,
+            adds_bos,
+            control_ids,
+        })
     }
 
     /// Token ids of `text`. `add_bos` asks for the model's own special tokens, as llama.cpp's

@@ -2,15 +2,18 @@
 //! steps of 64, a 64-token f16 window and the first block kept), through the same evaluator as
 //! `bench/src/kv_eval.rs`: int8 blocks cost nothing measurable, int4 little, eviction clearly
 //! more, and each level saves more memory, measured from the cache; evicting only the least
-//! attended half costs a fraction of evicting all.
+//! attended half costs a fraction of evicting all. The dynamic policy under a budget of 3/4 of
+//! the f16 cache mixes levels by importance and keeps inside the budget.
 
 use crate::support::cached_model;
+use llmr_kv_policy::KvPolicy;
 use llmr_native_engine::arch::Model;
 use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
 use llmr_native_engine::kv_cache::{Level, Shape};
 use llmr_native_engine::kv_eval::{evaluate, EvalOptions, EvalReport};
 use llmr_native_engine::tokenizer::ModelTokenizer;
+use serde_json::json;
 
 #[test]
 fn each_level_saves_more_and_int8_costs_nothing_measurable() {
@@ -21,13 +24,20 @@ fn each_level_saves_more_and_int8_costs_nothing_measurable() {
     let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
     let tokens = &tokenizer.encode(&text, true, false).unwrap()[..512];
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    let run = |level, evict| -> EvalReport {
-        let options = EvalOptions { step: 64, window: 64, level, evict };
+    let run_policy = |policy: serde_json::Value, budget: Option<usize>, evict| -> EvalReport {
+        let options = EvalOptions {
+            step: 64,
+            policy: KvPolicy::baseline().patched_json(&policy).unwrap(),
+            budget,
+            evict,
+            control_ids: tokenizer.control_ids.clone(),
+        };
         let r = evaluate(&model, shape, config.vocab, tokens, &options).unwrap();
-        eprintln!("{level:?} evict {evict}: {r:?}, delta-PPL {:+.3}%", r.delta_ppl_rel() * 100.0);
+        eprintln!("{policy} evict {evict}: {r:?}, delta-PPL {:+.3}%", r.delta_ppl_rel() * 100.0);
         r
     };
-    let (int8, int4, evicted) = (run(Level::Int8, 0.0), run(Level::Int4, 0.0), run(Level::Evicted, 0.0));
+    let run = |level: &str, evict| run_policy(json!({"static_level": level}), None, evict);
+    let (int8, int4, evicted) = (run("int8", 0.0), run("int4", 0.0), run("int8", 1.0));
     assert_eq!(int8.scored, 512 - 64 - 1);
     // The f16 run is the same in all three.
     assert_eq!((int8.ppl_f16, int8.kv_bytes_f16), (int4.ppl_f16, int4.kv_bytes_f16));
@@ -42,8 +52,16 @@ fn each_level_saves_more_and_int8_costs_nothing_measurable() {
     assert_eq!(int8.levels, [5 * layers, 27 * layers, 0, 0]);
     assert_eq!(evicted.levels, [5 * layers, 0, 0, 27 * layers]);
     // Evicting half of those blocks, the least attended first, costs a fraction of evicting all.
-    let half = run(Level::Int4, 0.5);
+    let half = run("int4", 0.5);
     assert_eq!(half.levels[Level::Evicted as usize], 13 * layers);
     assert!(saving(&half) > saving(&int4), "{half:?}");
     assert!(half.delta_ppl_rel() < evicted.delta_ppl_rel() / 4.0, "{half:?} against {evicted:?}");
+    // Dynamic, balanced, with 3/4 of the f16 bytes: int4 where importance is lowest once
+    // pressure passes 0.6, the rest int8, and the cache inside the budget.
+    let budget = int8.kv_bytes_f16 * 3 / 4;
+    let dynamic = run_policy(json!({"mode": "dynamic", "profile": "balanced"}), Some(budget), 0.0);
+    assert!(dynamic.kv_bytes <= budget, "{dynamic:?}");
+    assert!(dynamic.levels[Level::Int4 as usize] > 0 && dynamic.levels[Level::F16 as usize] >= 5 * layers);
+    assert!(dynamic.delta_ppl_rel() < 0.05 && dynamic.top1_agreement >= 0.9, "{dynamic:?}");
+    assert_eq!(dynamic.passes, 8);
 }

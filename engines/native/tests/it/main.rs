@@ -12,6 +12,7 @@ mod embeddings;
 mod goldens;
 mod gpt_oss_chat;
 mod kv_levels;
+mod kv_policy;
 mod random_checkpoint;
 mod real_models;
 mod support;

@@ -1,0 +1,179 @@
+//! One pass of the KV policy over the running sequences (`kv_policy.rs` decides a block's
+//! level; this finds the blocks, orders them and rewrites them). The scheduler runs it
+//! between steps; the evaluator runs it between its steps too.
+//!
+//! Blocks are visited least important first and each decision reads the pressure as the pass
+//! left it, so under a tight budget the pass stops demoting once the pool is back inside the
+//! pressure band, and what it demotes is what matters least. When the next step needs room the
+//! cache does not have (`need`), the pass goes on past the thresholds down to the policy's
+//! emergency floor, least important first: int4 for every changeable block, then eviction,
+//! until the step fits.
+
+use crate::kv_cache::{BlockTable, KvPool, Level, BLOCK_TOKENS};
+use llmr_kv_policy::{BlockSignals, KvPolicy};
+
+/// A running sequence as the pass sees it.
+pub struct SeqView<'a> {
+    pub table: &'a BlockTable,
+    /// The tokens whose keys and values the table holds (at least `table.len` of them).
+    pub tokens: &'a [u32],
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassReport {
+    /// Blocks the policy could change.
+    pub examined: usize,
+    /// Blocks it stored lower.
+    pub changed: usize,
+    pub bytes_before: usize,
+    pub bytes_after: usize,
+}
+
+/// Applies `policy` to the blocks of `seqs` (sequences of at most `ctx` positions);
+/// `is_control` says which tokens are control tokens; `need`: bytes the next step must find.
+pub fn apply(
+    policy: &KvPolicy,
+    pool: &mut KvPool,
+    seqs: &[SeqView<'_>],
+    ctx: usize,
+    is_control: &dyn Fn(u32) -> bool,
+    need: usize,
+) -> PassReport {
+    let mut report = PassReport { bytes_before: pool.held_bytes(), ..Default::default() };
+    if !policy.is_active() {
+        report.bytes_after = report.bytes_before;
+        return report;
+    }
+    // (importance, sequence, block index), every changeable block not evicted yet.
+    let mut candidates = Vec::new();
+    for (s, seq) in seqs.iter().enumerate() {
+        let len = seq.table.len;
+        for i in policy.changeable(len, BLOCK_TOKENS) {
+            if pool.level(seq.table, i) == Level::Evicted {
+                continue;
+            }
+            let id = seq.table.blocks[i];
+            let signals = BlockSignals {
+                attention: pool.attention_received(id),
+                sharers: pool.sharers(id),
+                control_token: seq.tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS].iter().any(|&t| is_control(t)),
+                start: i * BLOCK_TOKENS,
+                end: (i + 1) * BLOCK_TOKENS,
+            };
+            candidates.push((policy.importance(&signals, len, ctx), s, i));
+        }
+    }
+    report.examined = candidates.len();
+    candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut changed = 0;
+    let mut lower = |pool: &mut KvPool, s: usize, i: usize, level: Level| {
+        let table = seqs[s].table;
+        if level > pool.level(table, i) {
+            let done =
+                if level == Level::Evicted { pool.evict(table, i) } else { pool.set_level(table, i, None, level) };
+            changed += done as usize;
+        }
+    };
+    for &(importance, s, i) in &candidates {
+        lower(pool, s, i, policy.decide(importance, pool.pressure()));
+    }
+    if let Some(floor) = policy.emergency_floor() {
+        for round in [Level::Int4, Level::Evicted].into_iter().filter(|&l| l <= floor) {
+            for &(_, s, i) in &candidates {
+                if pool.room_bytes() >= need {
+                    break;
+                }
+                lower(pool, s, i, round);
+            }
+        }
+    }
+    report.changed = changed;
+    report.bytes_after = pool.held_bytes();
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_cache::Shape;
+    use serde_json::json;
+
+    fn pool_with(budget_blocks: usize, capacity: usize) -> KvPool {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
+        KvPool::new(shape, capacity).with_budget(budget_blocks * shape.block_bytes())
+    }
+
+    fn table(pool: &mut KvPool, len: usize) -> BlockTable {
+        let mut t = BlockTable::default();
+        pool.reserve(&mut t, len).unwrap();
+        t.len = len;
+        t
+    }
+
+    #[test]
+    fn static_int8_stores_every_block_outside_the_window_and_sinks_and_frees_budget() {
+        let mut pool = pool_with(10, 64);
+        let t = table(&mut pool, 10 * BLOCK_TOKENS);
+        assert!(pool.reserve(&mut BlockTable::default(), 1).is_err(), "the f16 budget is spent");
+        let policy = KvPolicy::baseline().patched_json(&json!({"static_level": "int8"})).unwrap();
+        let tokens = vec![1u32; t.len];
+        let r = apply(&policy, &mut pool, &[SeqView { table: &t, tokens: &tokens }], 4096, &|_| false, 0);
+        // Block 0 holds the sinks, the last four the 64-token window.
+        assert_eq!((r.examined, r.changed), (5, 5));
+        assert!(r.bytes_after < r.bytes_before);
+        assert_eq!(pool.level(&t, 0), Level::F16);
+        assert_eq!(pool.level(&t, 5), Level::Int8);
+        assert_eq!(pool.level(&t, 6), Level::F16);
+        assert_eq!(pool.stored_bytes(), r.bytes_after);
+        assert!(pool.pressure() < 1.0);
+        assert_eq!(pool.available(), 2, "five blocks at int8 freed more than two f16 blocks' bytes");
+        // A second pass changes nothing.
+        assert_eq!(
+            apply(&policy, &mut pool, &[SeqView { table: &t, tokens: &tokens }], 4096, &|_| false, 0).changed,
+            0
+        );
+    }
+
+    #[test]
+    fn dynamic_under_pressure_demotes_the_least_important_first_and_stops_below_the_band() {
+        let mut pool = pool_with(16, 64);
+        let t = table(&mut pool, 12 * BLOCK_TOKENS);
+        let mut tokens = vec![1u32; t.len];
+        tokens[3 * BLOCK_TOKENS + 2] = 7; // a control token in block 3
+        let policy = KvPolicy::baseline().patched_json(&json!({"mode": "dynamic", "profile": "balanced"})).unwrap();
+        assert_eq!(pool.pressure(), 0.75);
+        let r = apply(&policy, &mut pool, &[SeqView { table: &t, tokens: &tokens }], 192, &|t| t == 7, 0);
+        assert_eq!((r.examined, r.changed), (7, 7));
+        // No attention recorded: importance falls with age. The oldest blocks went to int4
+        // until pressure fell below the 0.6 band; the rest, and the control-token block, int8.
+        let levels: Vec<Level> = (0..12).map(|i| pool.level(&t, i)).collect();
+        use Level::*;
+        assert_eq!(levels, [F16, Int4, Int4, Int8, Int4, Int4, Int8, Int8, F16, F16, F16, F16]);
+        assert!(pool.pressure() < 0.6, "{}", pool.pressure());
+    }
+
+    #[test]
+    fn with_no_room_for_the_next_step_the_pass_goes_down_to_the_floor_least_important_first() {
+        let run = |profile: &str| {
+            let mut pool = pool_with(12, 64);
+            let t = table(&mut pool, 12 * BLOCK_TOKENS);
+            let tokens = vec![1u32; t.len];
+            let policy = KvPolicy::baseline().patched_json(&json!({"mode": "dynamic", "profile": profile})).unwrap();
+            // Six blocks: more than int4 on all seven changeable blocks frees.
+            let need = 6 * pool.shape().block_bytes();
+            apply(&policy, &mut pool, &[SeqView { table: &t, tokens: &tokens }], 192, &|_| false, need);
+            let levels: Vec<Level> = (0..12).map(|i| pool.level(&t, i)).collect();
+            (pool.room_bytes() >= need, levels)
+        };
+        use Level::*;
+        let (fits, levels) = run("safe");
+        assert!(!fits, "the safe profile never evicts");
+        assert_eq!(levels, [F16, Int4, Int4, Int4, Int4, Int4, Int4, Int4, F16, F16, F16, F16]);
+        let (fits, levels) = run("balanced");
+        assert!(fits);
+        // The oldest (least important) go first; the window and sinks stay.
+        assert_eq!(levels, [F16, Evicted, Evicted, Evicted, Evicted, Evicted, Int4, Int4, F16, F16, F16, F16]);
+        let static_int8 = KvPolicy::baseline().patched_json(&json!({"static_level": "int8"})).unwrap();
+        assert_eq!(static_int8.emergency_floor(), None, "a static policy stays at its level");
+    }
+}
