@@ -99,7 +99,7 @@ fn describe() {
     metrics::describe_gauge!(KV_BUDGET_BYTES, metrics::Unit::Bytes, "The KV cache's budget, by model");
     metrics::describe_gauge!(
         KV_LEVEL_BLOCKS,
-        "KV (block, layer) pairs in use at each storage level (L0 f16, L1 int8, L2 int4, L3 evicted), by model"
+        "KV positions in use at each storage level (L0 f16, L1 int8, L2 int4, L3 evicted), by model"
     );
     metrics::describe_gauge!(KV_POLICY_ERRORS, "Failures of the KV policy (each put the baseline back), by model");
 }

@@ -19,6 +19,7 @@ use llmr_engine_sdk::{
     abi, export_engine, serde_json, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
     EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
+use llmr_kv_policy::Level;
 use model::ModelMeta;
 use scheduler::{Command, Job, Stats};
 use settings::{Change, ContextSettings, KvType, StepSettings};
@@ -204,11 +205,20 @@ impl Engine for LlamaCppEngine {
         let defaults = *self.defaults.lock().unwrap();
         let requested_ctx = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };
         let ctx_per_seq = if requested_ctx > 0 { requested_ctx } else { meta.train_ctx.min(DEFAULT_CTX_CAP) };
+        // A node-wide KV policy reaches every model: a static level sets the KV type; one this
+        // engine cannot run (dynamic levels) leaves the default and says so.
+        let policy_type = desc.options.get("kv_policy").and_then(|p| match KvType::of_policy(p) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.config.logger.warn(&format!("{}: {}", desc.model_id, e.message));
+                None
+            }
+        });
         let settings = ContextSettings {
             slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
             ctx_per_seq: ctx_per_seq.max(16),
             threads: defaults.threads.unwrap_or_else(|| self.threads()),
-            kv_type: defaults.kv_type.unwrap_or(KvType::F16),
+            kv_type: policy_type.or(defaults.kv_type).unwrap_or(KvType::F16),
         };
         let stats = Arc::new(Stats::default());
         let scheduler = if meta.is_encoder {
@@ -364,6 +374,13 @@ impl Engine for LlamaCppEngine {
                     "decode_steps_total": get(&s.decode_steps_total),
                     "kv_cells_used": get(&s.kv_cells_used),
                     "kv_cells_total": get(&s.kv_cells_total),
+                    // KV positions in use per level of the staged cache (spec 002): one type for all.
+                    "kv_levels": {
+                        "L0": if settings.kv_type.level() == Level::F16 { get(&s.kv_cells_used) } else { 0 },
+                        "L1": if settings.kv_type.level() == Level::Int8 { get(&s.kv_cells_used) } else { 0 },
+                        "L2": if settings.kv_type.level() == Level::Int4 { get(&s.kv_cells_used) } else { 0 },
+                        "L3": 0,
+                    },
                     "prefix_cache_bytes": get(&s.prefix_cache_bytes),
                     "prefix_cache_entries": get(&s.prefix_cache_entries),
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),

@@ -2,6 +2,7 @@
 
 use llama_cpp_2::context::params::KvCacheType;
 use llmr_engine_sdk::{EngineError, ErrorCode};
+use llmr_kv_policy::{KvPolicy, Level, Mode};
 
 /// Settings that shape the llama.cpp context (changing them rebuilds it when idle).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -51,6 +52,29 @@ impl KvType {
             Self::Q4_0 => "q4_0",
         }
     }
+    /// The staged KV cache's level this type stores (every cell at one level).
+    pub fn level(self) -> Level {
+        match self {
+            Self::F16 => Level::F16,
+            Self::Q8_0 => Level::Int8,
+            Self::Q4_0 => Level::Int4,
+        }
+    }
+
+    /// The KV type a `kv_policy` (spec 002; a patch on the baseline) asks of llama.cpp, which
+    /// keeps one type for the whole cache: static levels only, int8 as q8_0, int4 as q4_0.
+    pub fn of_policy(value: &serde_json::Value) -> Result<Self, EngineError> {
+        let policy = KvPolicy::baseline().patched_json(value).map_err(|e| unsupported(e.to_string()))?;
+        match (policy.mode, policy.static_level) {
+            (Mode::Static, Level::F16) => Ok(Self::F16),
+            (Mode::Static, Level::Int8) => Ok(Self::Q8_0),
+            (Mode::Static, Level::Int4) => Ok(Self::Q4_0),
+            _ => Err(unsupported(
+                "kv policy: llama.cpp keeps one KV type for the whole cache: `mode: static` with f16, int8 (q8_0) or int4 (q4_0); per-block levels run in the native engine".into(),
+            )),
+        }
+    }
+
     pub fn llama(self) -> KvCacheType {
         match self {
             Self::F16 => KvCacheType::F16,
@@ -88,6 +112,7 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
             .and_then(KvType::parse)
             .map(Change::KvType)
             .ok_or_else(|| unsupported(format!("`kv_cache_type` takes \"f16\", \"q8_0\" or \"q4_0\", got {value}"))),
+        "kv_policy" => KvType::of_policy(value).map(Change::KvType),
         "threads" => positive(1024)
             .map(Change::Threads)
             .ok_or_else(|| unsupported(format!("`threads` takes an integer from 1 to 1024, got {value}"))),
@@ -97,7 +122,7 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
         "prefill_stall" => parse_stall(value).map(Change::PrefillStall),
         "prefix_cache_mib" => parse_prefix_cache_mib(value).map(Change::PrefixCacheMib),
         _ => Err(unsupported(format!(
-            "unknown setting `{key}` (known: kv_cache_type, threads, prefill_chunk, prefill_stall, prefix_cache_mib)"
+            "unknown setting `{key}` (known: kv_cache_type, kv_policy, threads, prefill_chunk, prefill_stall, prefix_cache_mib)"
         ))),
     }
 }

@@ -432,6 +432,18 @@ fn the_kv_cache_type_changes_the_live_context() {
     let err = engine.set_config(Some("kv"), "kv_cache_type", &serde_json::json!("q3")).unwrap_err();
     assert_eq!(err.status, EngineStatus::Unsupported);
     assert!(err.message.contains("kv_cache_type"), "{}", err.message);
+
+    // The staged cache's policy API (spec 002): a static int8 level is q8_0 here, the same cache
+    // and answer as above; dynamic levels are refused, naming the engine that has them.
+    engine.set_config(Some("kv"), "kv_policy", &serde_json::json!({"mode": "static", "static_level": "int8"})).unwrap();
+    assert_eq!(engine.model_info("kv").unwrap().extra["kv_cache_type"], "q8_0");
+    assert_eq!(saved_cache(7), (q8_text, q8_bytes));
+    let levels = &model_stats(&engine, "kv")["kv_levels"];
+    assert_eq!((levels["L0"].as_u64(), levels["L3"].as_u64()), (Some(0), Some(0)), "{levels}");
+    let err = engine.set_config(Some("kv"), "kv_policy", &serde_json::json!({"mode": "dynamic"})).unwrap_err();
+    assert_eq!(err.status, EngineStatus::Unsupported);
+    assert!(err.message.contains("native engine"), "{}", err.message);
+    assert_eq!(engine.model_info("kv").unwrap().extra["kv_cache_type"], "q8_0", "a refused policy changes nothing");
 }
 
 /// CPU clock ticks used so far by each thread of this process named `name` (threads inherit the

@@ -447,6 +447,8 @@ impl Engine for NativeEngine {
             .iter()
             .map(|(id, m)| {
                 let s = &m.stats;
+                // KV positions in use per level (a policy moves every layer of a block together).
+                let positions = |l: usize| get(&s.kv_levels[l]) * BLOCK_TOKENS as u64 / m.config.layers.max(1) as u64;
                 serde_json::json!({
                     "model": id,
                     "slots_total": m.slots,
@@ -461,13 +463,7 @@ impl Engine for NativeEngine {
                     "kv_blocks_total": get(&s.kv_blocks_total),
                     "kv_bytes": get(&s.kv_bytes),
                     "kv_budget_bytes": get(&s.kv_budget_bytes),
-                    // (block, layer) pairs in use per level.
-                    "kv_levels": {
-                        "L0": get(&s.kv_levels[0]),
-                        "L1": get(&s.kv_levels[1]),
-                        "L2": get(&s.kv_levels[2]),
-                        "L3": get(&s.kv_levels[3]),
-                    },
+                    "kv_levels": { "L0": positions(0), "L1": positions(1), "L2": positions(2), "L3": positions(3) },
                     "kv_policy": *m.policy.lock().unwrap(),
                     "policy_passes_total": get(&s.policy_passes_total),
                     "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,

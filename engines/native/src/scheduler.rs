@@ -73,7 +73,7 @@ pub struct Stats {
     /// Bytes the cache's blocks hold and the budget they may.
     pub kv_bytes: AtomicU64,
     pub kv_budget_bytes: AtomicU64,
-    /// (block, layer) pairs in use at each level, `Level as usize`, as of the last pass.
+    /// (block, layer) pairs in use at each level, `Level as usize`.
     pub kv_levels: [AtomicU64; 4],
     pub policy_passes_total: AtomicU64,
     pub policy_ns_total: AtomicU64,
