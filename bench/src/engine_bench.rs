@@ -79,9 +79,10 @@ fn prompt_of(engine: &EngineInstance, n: usize, salt: u64) -> Result<String> {
     Ok(text)
 }
 
+/// The median; NaN (null in the JSON) when there are no samples (`--reps 0`: one unmeasured run).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {

@@ -171,18 +171,27 @@ impl LayerBlock {
         match self {
             LayerBlock::F16 { k, .. } => k[range].convert_to_f32_slice(out),
             LayerBlock::Int8 { k, k_scale, .. } => {
-                let scale = &k_scale[kv * hd..][..hd];
+                // The per-channel scales widened once, so the rows' loops are plain f32 (vectorized).
+                let mut scale = [0f32; MAX_HEAD_DIM];
+                let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
                 for (row, q) in out.chunks_exact_mut(hd).zip(k[range].chunks_exact(hd)) {
-                    for ((o, &q), s) in row.iter_mut().zip(q).zip(scale) {
-                        *o = q as f32 * s.to_f32();
+                    for ((o, &q), s) in row.iter_mut().zip(q).zip(scale.iter()) {
+                        *o = q as f32 * s;
                     }
                 }
             }
             LayerBlock::Int4 { k, k_scale, k_min, .. } => {
-                let (scale, min) = (&k_scale[kv * hd..][..hd], &k_min[kv * hd..][..hd]);
+                let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
+                let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
+                let min = widen(&k_min[kv * hd..][..hd], &mut min);
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-                    for (c, o) in row.iter_mut().enumerate() {
-                        *o = min[c].to_f32() + get4(k, base + t * hd + c) as f32 * scale[c].to_f32();
+                    // Channel 2i in the low nibble of byte i of the row (hd is even).
+                    let bytes = &k[(base + t * hd) / 2..][..hd / 2];
+                    for (((o, &b), s), m) in
+                        row.chunks_exact_mut(2).zip(bytes).zip(scale.chunks_exact(2)).zip(min.chunks_exact(2))
+                    {
+                        o[0] = m[0] + (b & 0x0f) as f32 * s[0];
+                        o[1] = m[1] + (b >> 4) as f32 * s[1];
                     }
                 }
             }
@@ -210,9 +219,13 @@ impl LayerBlock {
                 let groups = hd.div_ceil(V_GROUP);
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
                     let at = (kv * BLOCK_TOKENS + t) * groups;
-                    for (c, o) in row.iter_mut().enumerate() {
-                        let g = at + c / V_GROUP;
-                        *o = v_min[g].to_f32() + get4(v, base + t * hd + c) as f32 * v_scale[g].to_f32();
+                    let bytes = &v[(base + t * hd) / 2..][..hd / 2];
+                    for (g, (o, b)) in row.chunks_mut(V_GROUP).zip(bytes.chunks(V_GROUP / 2)).enumerate() {
+                        let (s, m) = (v_scale[at + g].to_f32(), v_min[at + g].to_f32());
+                        for (o, &b) in o.chunks_exact_mut(2).zip(b) {
+                            o[0] = m + (b & 0x0f) as f32 * s;
+                            o[1] = m + (b >> 4) as f32 * s;
+                        }
                     }
                 }
             }
@@ -220,6 +233,16 @@ impl LayerBlock {
         }
         true
     }
+}
+
+/// The largest head_dim the quantized readers take (Gemma 3's is 256).
+const MAX_HEAD_DIM: usize = 512;
+
+/// `xs` as f32 in the front of `buf`.
+fn widen<'a>(xs: &[f16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
+    let out = &mut buf[..xs.len()];
+    xs.convert_to_f32_slice(out);
+    out
 }
 
 fn q8(x: f32, scale: f32) -> i8 {
@@ -248,10 +271,6 @@ fn q4(x: f32, scale: f16, min: f16) -> u8 {
 fn put4(packed: &mut [u8], i: usize, code: u8) {
     let b = &mut packed[i / 2];
     *b = if i.is_multiple_of(2) { (*b & 0xf0) | code } else { (*b & 0x0f) | (code << 4) };
-}
-
-fn get4(packed: &[u8], i: usize) -> u8 {
-    (packed[i / 2] >> ((i % 2) * 4)) & 0x0f
 }
 
 #[cfg(test)]
