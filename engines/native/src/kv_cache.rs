@@ -411,11 +411,16 @@ impl KvPool {
     }
 
     /// Evicts the `index`-th block of `table` in every layer, whatever its level (a full block).
+    /// It leaves the prefix index: a new request must not start on a prefix with a hole.
     pub fn evict(&mut self, table: &BlockTable, index: usize) -> bool {
         if !self.stored || (index + 1) * BLOCK_TOKENS > table.len {
             return false;
         }
-        for l in &mut self.blocks[table.blocks[index] as usize].layers {
+        let b = &mut self.blocks[table.blocks[index] as usize];
+        if let Some(key) = b.key.take() {
+            self.index.remove(&key);
+        }
+        for l in &mut b.layers {
             self.held -= l.bytes();
             *l = LayerBlock::Evicted;
         }

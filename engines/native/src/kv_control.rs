@@ -9,8 +9,9 @@
 //! emergency floor, least important first: int4 for every changeable block, then eviction,
 //! until the step fits.
 
-use crate::kv_cache::{BlockTable, KvPool, Level, BLOCK_TOKENS};
+use crate::kv_cache::{BlockId, BlockTable, KvPool, Level, BLOCK_TOKENS};
 use llmr_kv_policy::{BlockSignals, KvPolicy};
+use std::collections::HashSet;
 
 /// A running sequence as the pass sees it.
 pub struct SeqView<'a> {
@@ -44,15 +45,25 @@ pub fn apply(
         report.bytes_after = report.bytes_before;
         return report;
     }
+    // A block shared by several sequences is protected if it is in any one's sinks or window.
+    let protected: HashSet<BlockId> = seqs
+        .iter()
+        .flat_map(|seq| {
+            let changeable = policy.changeable(seq.table.len, BLOCK_TOKENS);
+            let blocks = &seq.table.blocks;
+            blocks[..changeable.start.min(blocks.len())].iter().chain(&blocks[changeable.end.min(blocks.len())..])
+        })
+        .copied()
+        .collect();
     // (importance, sequence, block index), every changeable block not evicted yet.
     let mut candidates = Vec::new();
     for (s, seq) in seqs.iter().enumerate() {
         let len = seq.table.len;
         for i in policy.changeable(len, BLOCK_TOKENS) {
-            if pool.level(seq.table, i) == Level::Evicted {
+            let id = seq.table.blocks[i];
+            if protected.contains(&id) || pool.level(seq.table, i) == Level::Evicted {
                 continue;
             }
-            let id = seq.table.blocks[i];
             let signals = BlockSignals {
                 attention: pool.attention_received(id),
                 sharers: pool.sharers(id),
@@ -175,5 +186,30 @@ mod tests {
         assert_eq!(levels, [F16, Evicted, Evicted, Evicted, Evicted, Evicted, Int4, Int4, F16, F16, F16, F16]);
         let static_int8 = KvPolicy::baseline().patched_json(&json!({"static_level": "int8"})).unwrap();
         assert_eq!(static_int8.emergency_floor(), None, "a static policy stays at its level");
+    }
+
+    #[test]
+    fn a_shared_block_in_any_sharers_window_stays_and_an_evicted_one_leaves_the_prefix_index() {
+        let mut pool = pool_with(64, 64);
+        let tokens: Vec<u32> = (0..12 * BLOCK_TOKENS as u32).collect();
+        let mut a = table(&mut pool, tokens.len());
+        pool.publish(&mut a, &tokens);
+        // B shares A's first seven blocks and adds one: blocks 3..6 are in B's window.
+        let mut b = BlockTable::default();
+        let mut b_tokens = tokens[..7 * BLOCK_TOKENS].to_vec();
+        b_tokens.extend([9999; BLOCK_TOKENS + 1]);
+        assert_eq!(pool.attach_prefix(&mut b, &b_tokens), 7 * BLOCK_TOKENS);
+        pool.reserve(&mut b, BLOCK_TOKENS).unwrap();
+        b.len = 8 * BLOCK_TOKENS;
+        let policy = KvPolicy::baseline().patched_json(&json!({"static_level": "int8"})).unwrap();
+        let seqs = [SeqView { table: &a, tokens: &tokens }, SeqView { table: &b, tokens: &b_tokens }];
+        apply(&policy, &mut pool, &seqs, 4096, &|_| false, 0);
+        let levels: Vec<Level> = (0..12).map(|i| pool.level(&a, i)).collect();
+        use Level::*;
+        assert_eq!(levels, [F16, Int8, Int8, Int8, F16, F16, F16, Int8, F16, F16, F16, F16]);
+        // Evicted, A's block 1 can no longer start a new request's prefix: the match stops at block 0.
+        assert!(pool.evict(&a, 1));
+        let mut c = BlockTable::default();
+        assert_eq!(pool.attach_prefix(&mut c, &tokens), BLOCK_TOKENS);
     }
 }
