@@ -113,19 +113,16 @@ impl ModelManager {
     }
 
     /// Sets the node's KV policy (checked already) and sends it to every loaded model. An
-    /// engine that has no KV levels (llama.cpp today, the native engine on CUDA) refuses it
-    /// and keeps serving as it was; those refusals are returned, by model.
-    pub fn set_kv_policy(&self, policy: KvPolicy) -> Vec<(String, String)> {
+    /// engine that cannot run it (llama.cpp with dynamic levels, the native engine on CUDA)
+    /// refuses it, which is logged, and keeps serving as it was.
+    pub fn set_kv_policy(&self, policy: KvPolicy) {
         let value = serde_json::to_value(policy).expect("a policy serializes");
         *self.kv_policy.write().unwrap() = Some(policy);
-        let mut refused = Vec::new();
         for m in self.loaded() {
             if let Err(e) = m.engine.set_config("kv_policy", &value) {
                 tracing::info!(model = %m.name, "KV policy not applied: {}", e.message);
-                refused.push((m.name.clone(), e.message));
             }
         }
-        refused
     }
 
     pub fn registry(&self) -> &Arc<EngineRegistry> {

@@ -84,6 +84,8 @@ pub struct KvPool {
     budget: usize,
     /// Of `held`, what idle blocks hold.
     idle_held: usize,
+    /// (block, layer) pairs with storage below f16 (0: `level_counts` needs no walk).
+    lowered: usize,
     free: Vec<BlockId>,
     /// Released blocks still in the index, oldest release first.
     idle: VecDeque<BlockId>,
@@ -119,6 +121,7 @@ impl KvPool {
             capacity,
             held: 0,
             idle_held: 0,
+            lowered: 0,
             budget: capacity * shape.block_bytes(),
             free: Vec::new(),
             idle: VecDeque::new(),
@@ -197,7 +200,9 @@ impl KvPool {
 
     fn drop_storage(&mut self, id: BlockId) {
         self.held -= self.block_bytes(id);
-        self.blocks[id as usize].layers.clear();
+        let layers = &mut self.blocks[id as usize].layers;
+        self.lowered -= layers.iter().filter(|l| l.level() != Level::F16).count();
+        layers.clear();
     }
 
     fn allocate(&mut self) -> Result<BlockId, PoolFull> {
@@ -367,6 +372,7 @@ impl KvPool {
         for (l, q) in layers[range].iter_mut().zip(quantized) {
             if let Some(q) = q {
                 self.held = self.held + q.bytes() - l.bytes();
+                self.lowered += (l.level() == Level::F16) as usize;
                 *l = q;
                 changed = true;
             }
@@ -422,6 +428,7 @@ impl KvPool {
         }
         for l in &mut b.layers {
             self.held -= l.bytes();
+            self.lowered += (l.level() == Level::F16) as usize;
             *l = LayerBlock::Evicted;
         }
         true
@@ -436,6 +443,10 @@ impl KvPool {
 
     /// (block, layer) pairs at each level, indexed by `Level as usize`, over blocks in use.
     pub fn level_counts(&self) -> [usize; 4] {
+        if self.stored && self.lowered == 0 {
+            // Every block f16 (the baseline policy's case): no walk on the step's path.
+            return [self.used() * self.shape.layers, 0, 0, 0];
+        }
         let mut counts = [0; 4];
         for l in self.blocks.iter().filter(|b| b.refs > 0).flat_map(|b| &b.layers) {
             counts[l.level() as usize] += 1;

@@ -459,7 +459,6 @@ impl Engine for NativeEngine {
                     "cached_tokens_total": get(&s.cached_tokens_total),
                     "tokens_generated_total": get(&s.tokens_generated_total),
                     "decode_steps_total": get(&s.decode_steps_total),
-                    "decode_batch_max": get(&s.decode_batch_max),
                     "kv_blocks_used": get(&s.kv_blocks_used),
                     "kv_blocks_total": get(&s.kv_blocks_total),
                     "kv_bytes": get(&s.kv_bytes),

@@ -68,8 +68,6 @@ pub struct Stats {
     pub cached_tokens_total: AtomicU64,
     pub tokens_generated_total: AtomicU64,
     pub decode_steps_total: AtomicU64,
-    /// The most sequences that generated in one step (all their KV resident at once).
-    pub decode_batch_max: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_total: AtomicU64,
     /// Bytes the cache's blocks hold and the budget they may.
@@ -384,7 +382,6 @@ impl Scheduler {
         };
         self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
-        self.stats.decode_batch_max.fetch_max(decoding as u64, Ordering::Relaxed);
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
         }
