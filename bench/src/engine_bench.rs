@@ -6,7 +6,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llmr_engine_host::{
-    load_one, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InstanceConfig, Manifest, ModelSpec,
+    load_one, Constraint, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InstanceConfig, Manifest,
+    ModelSpec,
 };
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +40,8 @@ struct Args {
     /// Generated tokens per sequence in the aggregate test.
     #[arg(long, default_value_t = 64)]
     ntg: u32,
-    /// Which tests to run.
+    /// Which tests to run: pp, tg, batch, and tg_json / batch_json, the same decodes under a
+    /// grammar (an endless JSON array of objects, so that every token pays for its mask).
     #[arg(long, value_delimiter = ',', default_value = "pp,tg,batch")]
     tests: Vec<String>,
     /// Context per sequence.
@@ -52,6 +54,15 @@ struct Args {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A grammar that never completes (the array is never closed), so that a decode of any length
+/// stays constrained: objects of a typical API schema, one after another.
+const ENDLESS_JSON: &str = r#"start: "[" item ("," item)*
+item: %json {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+  "age": {"type": "integer", "minimum": 0, "maximum": 120}, "tags": {"type": "array",
+  "items": {"type": "string", "maxLength": 8}, "maxItems": 3}}, "required": ["name", "age", "tags"],
+  "additionalProperties": false}
+"#;
 
 /// A GGUF file, or a Hugging Face model folder (its sharded index when there is one).
 fn model_spec(path: &std::path::Path) -> ModelSpec {
@@ -105,12 +116,13 @@ fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
     Ok(serde_json::json!({ "n_prompt": args.pp, "tokens_per_s": median(rates.clone()), "samples": rates }))
 }
 
-fn run_tg(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
+fn run_tg(engine: &EngineInstance, args: &Args, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
     let mut rates = Vec::new();
     for rep in 0..args.reps + 1 {
         let prompt = format!("{rep}");
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
         p.sampling.max_tokens = Some(args.tg + 1);
+        p.sampling.constraint = constraint.cloned();
         p.ignore_eos = true;
         let r = engine.infer(&p, |_| true)?;
         if r.finish_reason != FinishReason::Length {
@@ -126,7 +138,12 @@ fn run_tg(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
 
 /// `n` sequences at once; decode rate = tokens after each sequence's first, over the window from
 /// the first sequence's first token to the last token of all (llama-batched-bench's S_TG).
-fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json::Value> {
+fn run_batch(
+    engine: &EngineInstance,
+    args: &Args,
+    n: u32,
+    constraint: Option<&Constraint>,
+) -> Result<serde_json::Value> {
     let prompts: Vec<String> =
         (0..n).map(|i| prompt_of(engine, args.npp, 50_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
     let mut rates = Vec::new();
@@ -142,6 +159,7 @@ fn run_batch(engine: &EngineInstance, args: &Args, n: u32) -> Result<serde_json:
                     s.spawn(move || -> Result<(u64, u64, u32)> {
                         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
                         p.sampling.max_tokens = Some(args.ntg);
+                        p.sampling.constraint = constraint.cloned();
                         p.ignore_eos = true;
                         let (mut first, mut last) = (0u64, 0u64);
                         let r = engine.infer(&p, |t| {
@@ -201,12 +219,21 @@ fn main() -> Result<()> {
     if want("pp") {
         out["pp"] = run_pp(&engine, &args)?;
     }
-    if want("tg") {
-        out["tg"] = run_tg(&engine, &args)?;
+    let json = Constraint::Lark(ENDLESS_JSON.into());
+    for (test, constraint) in [("tg", None), ("tg_json", Some(&json))] {
+        if want(test) {
+            out[test] = run_tg(&engine, &args, constraint)?;
+        }
     }
-    if want("batch") {
-        out["batch"] =
-            args.concurrency.iter().map(|&n| run_batch(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();
+    for (test, constraint) in [("batch", None), ("batch_json", Some(&json))] {
+        if want(test) {
+            out[test] = args
+                .concurrency
+                .iter()
+                .map(|&n| run_batch(&engine, &args, n, constraint))
+                .collect::<Result<Vec<_>>>()?
+                .into();
+        }
     }
     // The engine's own counters (the native engine's KV policy passes and their time among them).
     out["engine_metrics"] = engine.metrics()?;

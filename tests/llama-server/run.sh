@@ -70,7 +70,13 @@ BASIC_ARGS=(--ctx-size 256 --slots 2)
 BASIC_TESTS=(
     'unit/test_basic.py::test_server_start_simple'
     'unit/test_basic.py::test_server_models'
+    'unit/test_chat_completion.py::test_completion_with_response_format[response_format0-6-"42"]'
+    'unit/test_chat_completion.py::test_completion_with_response_format[response_format1-10-[ -3000 ]]'
+    'unit/test_chat_completion.py::test_completion_with_response_format[response_format2-10-"foooooo"]'
+    'unit/test_chat_completion.py::test_completion_with_response_format[response_format3-10-(\\{|John)+]'
     'unit/test_chat_completion.py::test_completion_with_response_format[response_format4-0-None]'
+    'unit/test_chat_completion.py::test_completion_with_json_schema[False-json_schema0-6-"42"]'
+    'unit/test_chat_completion.py::test_completion_with_json_schema[True-json_schema1-6-"42"]'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[None]'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[string]'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[messages2]'

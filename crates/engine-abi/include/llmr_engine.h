@@ -68,7 +68,7 @@ extern "C" {
 #endif
 
 #define LLMR_ENGINE_ABI_MAJOR 1u
-#define LLMR_ENGINE_ABI_MINOR 0u
+#define LLMR_ENGINE_ABI_MINOR 1u
 
 #if defined(_WIN32)
 #define LLMR_EXPORT __declspec(dllexport)
@@ -113,6 +113,7 @@ typedef int32_t llmr_status;
 #define LLMR_CAP_ASR (1u << 3)
 #define LLMR_CAP_TTS (1u << 4)
 #define LLMR_CAP_IMAGE (1u << 5)
+#define LLMR_CAP_CONSTRAINED (1u << 6) /* minor 1: honours llmr_infer_request.constraint_kind */
 
 /* Log levels for llmr_log_fn. */
 #define LLMR_LOG_ERROR 1u
@@ -134,6 +135,19 @@ typedef int32_t llmr_status;
 #define LLMR_INFER_PARSE_SPECIAL (1u << 2)  /* special-token text in the prompt becomes tokens */
 #define LLMR_INFER_ADD_BOS (1u << 3)        /* prepend the model's BOS token when it has one */
 #define LLMR_INFER_IGNORE_EOS (1u << 4)     /* keep generating past end-of-generation tokens */
+
+/*
+ * llmr_infer_request.constraint_kind (minor 1): the language the output must belong to. The
+ * engine masks its logits at every step so that only tokens keeping the output inside it can be
+ * chosen, and ends the generation (LLMR_FINISH_STOP) when the grammar allows nothing more. The
+ * host sends a constraint only to plugins reporting LLMR_CAP_CONSTRAINED. A kind the plugin does
+ * not know, or a constraint that does not compile, is LLMR_ERR_UNSUPPORTED with a message saying
+ * what is wrong in it (the node answers 400 on the field the constraint came from).
+ */
+#define LLMR_CONSTRAINT_NONE 0u
+#define LLMR_CONSTRAINT_JSON_SCHEMA 1u /* a JSON Schema document (its text) */
+#define LLMR_CONSTRAINT_REGEX 2u       /* a regular expression the whole output matches */
+#define LLMR_CONSTRAINT_LARK 3u        /* a Lark grammar, in llguidance's dialect */
 
 /* llmr_embed_request.flags */
 #define LLMR_EMBED_NORMALIZE (1u << 0) /* L2-normalise each vector */
@@ -236,6 +250,9 @@ typedef struct llmr_infer_request {
     const llmr_str *stop;        /* stop sequences; the matched text is not emitted */
     size_t stop_count;
     uint32_t top_logprobs;       /* alternatives per token when LLMR_INFER_LOGPROBS, 0..20 */
+    /* Minor 1. */
+    uint32_t constraint_kind;    /* LLMR_CONSTRAINT_*; NONE = unconstrained */
+    llmr_str constraint;         /* the constraint's text; empty when NONE */
 } llmr_infer_request;
 
 /* One alternative token with its log-probability. */

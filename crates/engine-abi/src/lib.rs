@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/llmr_engine.h");
 
 pub const LLMR_ENGINE_ABI_MAJOR: u32 = 1;
-pub const LLMR_ENGINE_ABI_MINOR: u32 = 0;
+pub const LLMR_ENGINE_ABI_MINOR: u32 = 1;
 
 pub type llmr_status = i32;
 pub const LLMR_OK: llmr_status = 0;
@@ -43,6 +43,7 @@ pub const LLMR_CAP_VISION: u32 = 1 << 2;
 pub const LLMR_CAP_ASR: u32 = 1 << 3;
 pub const LLMR_CAP_TTS: u32 = 1 << 4;
 pub const LLMR_CAP_IMAGE: u32 = 1 << 5;
+pub const LLMR_CAP_CONSTRAINED: u32 = 1 << 6;
 
 pub const LLMR_LOG_ERROR: u32 = 1;
 pub const LLMR_LOG_WARN: u32 = 2;
@@ -61,6 +62,11 @@ pub const LLMR_INFER_LOGPROBS: u32 = 1 << 1;
 pub const LLMR_INFER_PARSE_SPECIAL: u32 = 1 << 2;
 pub const LLMR_INFER_ADD_BOS: u32 = 1 << 3;
 pub const LLMR_INFER_IGNORE_EOS: u32 = 1 << 4;
+
+pub const LLMR_CONSTRAINT_NONE: u32 = 0;
+pub const LLMR_CONSTRAINT_JSON_SCHEMA: u32 = 1;
+pub const LLMR_CONSTRAINT_REGEX: u32 = 2;
+pub const LLMR_CONSTRAINT_LARK: u32 = 3;
 
 pub const LLMR_EMBED_NORMALIZE: u32 = 1 << 0;
 
@@ -146,6 +152,8 @@ pub struct llmr_infer_request {
     pub stop: *const llmr_str,
     pub stop_count: usize,
     pub top_logprobs: u32,
+    pub constraint_kind: u32,
+    pub constraint: llmr_str,
 }
 
 #[repr(C)]

@@ -88,6 +88,8 @@ fn rows() -> Vec<Row> {
             stop,
             stop_count,
             top_logprobs,
+            constraint_kind,
+            constraint,
         }
     );
     layout!(r, llmr_top_logprob { token_id, logprob, text });
@@ -169,6 +171,7 @@ fn rows() -> Vec<Row> {
         LLMR_CAP_ASR,
         LLMR_CAP_TTS,
         LLMR_CAP_IMAGE,
+        LLMR_CAP_CONSTRAINED,
         LLMR_LOG_ERROR,
         LLMR_LOG_WARN,
         LLMR_LOG_INFO,
@@ -179,6 +182,10 @@ fn rows() -> Vec<Row> {
         LLMR_FINISH_LENGTH,
         LLMR_FINISH_CANCELLED,
         LLMR_FINISH_ERROR,
+        LLMR_CONSTRAINT_NONE,
+        LLMR_CONSTRAINT_JSON_SCHEMA,
+        LLMR_CONSTRAINT_REGEX,
+        LLMR_CONSTRAINT_LARK,
         LLMR_INFER_SEED_SET,
         LLMR_INFER_LOGPROBS,
         LLMR_INFER_PARSE_SPECIAL,

@@ -9,7 +9,7 @@ use crate::manifest::GpuBackend;
 use crate::plugin::Plugin;
 use crate::status::{CallError, EngineStatus};
 use llmr_engine_abi as abi;
-use llmr_engine_types::{Format, ModelInfo, Sampling};
+use llmr_engine_types::{Constraint, Format, ModelInfo, Sampling};
 use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -425,6 +425,20 @@ impl EngineInstance {
         let model_id = cstring(params.model_id, "model_id")?;
         let s = &params.sampling;
         let stops: Vec<abi::llmr_str> = s.stop.iter().map(|s| abi_str(s)).collect();
+        let (constraint_kind, constraint) = match &s.constraint {
+            None => (abi::LLMR_CONSTRAINT_NONE, ""),
+            // Older plugins would read past their struct and ignore the constraint: only a plugin
+            // that says it honours constraints gets one.
+            Some(_) if self.plugin.info.capabilities & abi::LLMR_CAP_CONSTRAINED == 0 => {
+                return Err(CallError {
+                    status: EngineStatus::Unsupported,
+                    message: format!("engine '{}' does not support constrained output", self.plugin.info.engine_id),
+                })
+            }
+            Some(Constraint::JsonSchema(text)) => (abi::LLMR_CONSTRAINT_JSON_SCHEMA, text.as_str()),
+            Some(Constraint::Regex(text)) => (abi::LLMR_CONSTRAINT_REGEX, text.as_str()),
+            Some(Constraint::Lark(text)) => (abi::LLMR_CONSTRAINT_LARK, text.as_str()),
+        };
         let mut flags = 0;
         for (on, bit) in [
             (s.seed.is_some(), abi::LLMR_INFER_SEED_SET),
@@ -455,6 +469,8 @@ impl EngineInstance {
             stop: if stops.is_empty() { std::ptr::null() } else { stops.as_ptr() },
             stop_count: stops.len(),
             top_logprobs: s.logprobs.unwrap_or(0),
+            constraint_kind,
+            constraint: abi_str(constraint),
         };
         let mut state = CallbackState { f: on_token, panic: None };
         let mut result = abi::llmr_infer_result {

@@ -18,7 +18,7 @@ pub use instance::{
     EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent, TopLogprob,
 };
 pub use llmr_engine_abi as abi;
-pub use llmr_engine_types::{Capability, Format, ModelInfo, Sampling, TokenLogprob};
+pub use llmr_engine_types::{Capability, Constraint, Format, ModelInfo, Sampling, TokenLogprob};
 pub use manifest::{Dependency, GpuBackend, Manifest, ManifestError, KNOWN_FORMATS, KNOWN_MODALITIES, SPEC_RUNTIMES};
 pub use plugin::{Plugin, PluginInfo};
 pub use registry::{EngineRegistry, ModelRequirements, ResolveError};

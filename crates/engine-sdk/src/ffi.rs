@@ -6,7 +6,7 @@
 use crate::types::*;
 use crate::{Engine, EngineError, ErrorCode};
 use llmr_engine_abi as abi;
-use llmr_engine_types::{Format, Sampling};
+use llmr_engine_types::{Constraint, Format, Sampling};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -292,6 +292,18 @@ pub unsafe fn tokenize<E: Engine>(
     })
 }
 
+/// The request's constraint; an unknown kind is UNSUPPORTED (a newer host's grammar form).
+unsafe fn read_constraint(kind: u32, text: abi::llmr_str) -> Result<Option<Constraint>, EngineError> {
+    let text = || abi_str(text, "request.constraint").map(str::to_owned);
+    Ok(match kind {
+        abi::LLMR_CONSTRAINT_NONE => None,
+        abi::LLMR_CONSTRAINT_JSON_SCHEMA => Some(Constraint::JsonSchema(text()?)),
+        abi::LLMR_CONSTRAINT_REGEX => Some(Constraint::Regex(text()?)),
+        abi::LLMR_CONSTRAINT_LARK => Some(Constraint::Lark(text()?)),
+        other => return Err(EngineError::unsupported(format!("constraint kind {other}"))),
+    })
+}
+
 pub unsafe fn infer<E: Engine>(
     engine: *mut abi::llmr_engine,
     request: *const abi::llmr_infer_request,
@@ -319,6 +331,7 @@ pub unsafe fn infer<E: Engine>(
                 seed: (r.flags & abi::LLMR_INFER_SEED_SET != 0).then_some(r.seed),
                 stop: abi_str_array(r.stop, r.stop_count, "request.stop")?.into_iter().map(str::to_owned).collect(),
                 logprobs: (r.flags & abi::LLMR_INFER_LOGPROBS != 0).then_some(r.top_logprobs.min(20)),
+                constraint: read_constraint(r.constraint_kind, r.constraint)?,
             },
             parse_special: r.flags & abi::LLMR_INFER_PARSE_SPECIAL != 0,
             add_bos: r.flags & abi::LLMR_INFER_ADD_BOS != 0,

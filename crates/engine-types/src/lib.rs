@@ -8,12 +8,14 @@
 #![forbid(unsafe_code)]
 
 mod capability;
+mod constraint;
 mod format;
 mod logprob;
 mod model_info;
 mod sampling;
 
 pub use capability::Capability;
+pub use constraint::Constraint;
 pub use format::Format;
 pub use logprob::TokenLogprob;
 pub use model_info::ModelInfo;

@@ -1,6 +1,8 @@
 //! Sampling settings of one generation: what the wire crate validates a request into, the host
 //! writes into `llmr_infer_request` and the SDK hands a plugin.
 
+use crate::Constraint;
+
 /// Validated settings (ranges are the wire crate's job: a plugin may rely on them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
@@ -20,6 +22,8 @@ pub struct Sampling {
     pub stop: Vec<String>,
     /// `Some(n)`: report the chosen token's logprob and the `n` most likely alternatives.
     pub logprobs: Option<u32>,
+    /// `Some`: the output must belong to this grammar (structured output, forced tool calls).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for Sampling {
@@ -37,6 +41,7 @@ impl Default for Sampling {
             seed: None,
             stop: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }

@@ -101,6 +101,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             stream: true,
             include_usage: false,
             template_kwargs: Default::default(),
+            constraint_param: "response_format",
+            parallel_tool_calls: true,
         };
         let (prompt, _) = render_chat(&model, &request)?;
         let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };

@@ -5,7 +5,7 @@
 //! this trait.
 
 use llmr_engine_host::{
-    CallError, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec, Plugin, TokenEvent,
+    abi, CallError, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec, Plugin, TokenEvent,
 };
 use llmr_model_store::ModelDescriptor;
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub trait Engine: Send + Sync {
     fn metrics(&self) -> Option<serde_json::Value>;
     /// Changes one of the engine's settings for this model at run time (`kv_policy`, ...).
     fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError>;
+    /// Whether the engine decodes under a constraint (`Sampling::constraint`).
+    fn constrains(&self) -> bool;
 }
 
 /// Settings the node passes to every engine instance it creates.
@@ -93,6 +95,10 @@ impl PluginEngine {
 impl Engine for PluginEngine {
     fn info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    fn constrains(&self) -> bool {
+        self.instance.plugin().info.capabilities & abi::LLMR_CAP_CONSTRAINED != 0
     }
 
     fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError> {

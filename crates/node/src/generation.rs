@@ -11,7 +11,7 @@ use crate::cache::{CacheKey, CachedGeneration, GenerationCache};
 use crate::error::NodeError;
 use crate::metrics as m;
 use crate::models::LoadedModel;
-use llmr_engine_host::{FinishReason, InferParams, Sampling, TokenLogprob};
+use llmr_engine_host::{Constraint, FinishReason, InferParams, Sampling, TokenLogprob};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,17 +25,20 @@ pub struct Prompt {
     pub add_bos: bool,
     /// Special tokens written in the text are tokens, not text.
     pub parse_special: bool,
+    /// What the answer must be, when rendering the prompt decided it (a forced tool call's
+    /// grammar); it becomes the request's `Sampling::constraint`.
+    pub constraint: Option<Constraint>,
 }
 
 impl Prompt {
     /// A prompt rendered by a chat template (which writes any BOS itself).
     pub fn rendered(text: String) -> Self {
-        Prompt { text, add_bos: false, parse_special: true }
+        Prompt { text, add_bos: false, parse_special: true, constraint: None }
     }
 
     /// A raw prompt, as llama-server takes it: the model's BOS, and special tokens honoured.
     pub fn raw(text: String) -> Self {
-        Prompt { text, add_bos: true, parse_special: true }
+        Prompt { text, add_bos: true, parse_special: true, constraint: None }
     }
 }
 
@@ -107,7 +110,7 @@ pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u
 /// The settings besides the prompt text that decide a greedy output, for the cache key.
 fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
     format!(
-        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={}",
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?}",
         s.max_tokens,
         s.top_k,
         s.top_p,
@@ -117,7 +120,8 @@ fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
         s.frequency_penalty,
         s.stop,
         prompt.add_bos,
-        prompt.parse_special
+        prompt.parse_special,
+        s.constraint
     )
 }
 

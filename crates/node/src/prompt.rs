@@ -7,9 +7,9 @@ use crate::error::NodeError;
 use crate::generation::Prompt;
 use crate::models::LoadedModel;
 use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, RenderInput, Role, Tool, ToolCall};
-use llmr_engine_host::Capability;
+use llmr_engine_host::{Capability, Constraint};
 use llmr_openai::{ChatMessage, ChatRequest, FunctionTool, MessageContent, MessagePart, ToolChoice};
-use llmr_tool_calls::ToolCallFormat;
+use llmr_tool_calls::{ToolCallFormat, ToolSchema};
 
 /// How tool calls are read from a request's output.
 #[derive(Clone, Debug)]
@@ -35,20 +35,38 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Op
     }
     input.kwargs.extend(req.template_kwargs.clone());
     let mut text = templates.render(&input).map_err(|e| NodeError::Template(e.to_string()))?;
-    if !offer_tools {
+    // Under a `response_format` the answer is the document its schema describes: read as a tool
+    // call, a JSON answer that happens to look like one would be lost to the client.
+    if !offer_tools || req.sampling.constraint.is_some() {
         return Ok((Prompt::rendered(text), None));
     }
     let template = templates.select(true);
     let architecture = model.engine.info().architecture.as_deref().unwrap_or_default();
     let format = ToolCallFormat::detect(Some(template.source()), architecture);
-    let prefill = match &req.tool_choice {
-        ToolChoice::Required => format.forced_prefix(None),
-        ToolChoice::Function(name) => format.forced_prefix(Some(name)),
-        ToolChoice::Auto | ToolChoice::None => String::new(),
+    let forced = match &req.tool_choice {
+        ToolChoice::Required => Some(None),
+        ToolChoice::Function(name) => Some(Some(name.as_str())),
+        ToolChoice::Auto | ToolChoice::None => None,
+    };
+    // A forced call is decoded under its grammar where the engine can (the call always parses
+    // and its arguments match the tool's schema); else the prompt ends inside the call's opening.
+    let schemas: Vec<ToolSchema<'_>> =
+        req.tools.iter().map(|t| ToolSchema { name: &t.name, parameters: t.parameters.as_ref() }).collect();
+    let grammar = forced
+        .filter(|_| model.engine.constrains())
+        // A named function is called once (as OpenAI does); `required` may call several.
+        .and_then(|function| {
+            format.forced_call_grammar(&schemas, function, function.is_none() && req.parallel_tool_calls)
+        });
+    let prefill = match (grammar.is_some(), forced) {
+        (false, Some(function)) => format.forced_prefix(function),
+        _ => String::new(),
     };
     text.push_str(&prefill);
     let allowed = req.tools.iter().map(|t| t.name.clone()).collect();
-    Ok((Prompt::rendered(text), Some(ToolParsing { format, allowed, prefill })))
+    let mut prompt = Prompt::rendered(text);
+    prompt.constraint = grammar.map(Constraint::Lark);
+    Ok((prompt, Some(ToolParsing { format, allowed, prefill })))
 }
 
 fn template_role(role: llmr_openai::Role) -> Role {

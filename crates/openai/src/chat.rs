@@ -3,7 +3,7 @@
 
 use crate::common::{Logprobs, StreamOptions, Usage};
 use crate::sampling::{Sampling, SamplingWire, StopWire};
-use crate::ApiError;
+use crate::{output_constraint, ApiError};
 use serde::{Deserialize, Serialize};
 
 /// Who wrote a message.
@@ -61,6 +61,9 @@ pub struct ChatCompletionRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub response_format: Option<serde_json::Value>,
+    /// llama-server's: a JSON schema the answer must follow, as a `json_schema` response format.
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
     #[serde(default)]
     pub user: Option<String>,
     /// Passed to the chat template as variables (e.g. `enable_thinking`), as vLLM and llama.cpp do.
@@ -215,6 +218,10 @@ pub struct ChatRequest {
     pub stream: bool,
     pub include_usage: bool,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The field an engine's refusal of `sampling.constraint` is blamed on.
+    pub constraint_param: &'static str,
+    /// Whether a forced call may be several (OpenAI's `parallel_tool_calls`, default true).
+    pub parallel_tool_calls: bool,
 }
 
 impl ChatCompletionRequest {
@@ -314,19 +321,14 @@ impl ChatCompletionRequest {
         if tools.is_empty() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
             return Err(ApiError::invalid("tool_choice", "requires `tools`"));
         }
-        match self.response_format.as_ref().map(|v| v.get("type").and_then(|t| t.as_str())) {
-            None | Some(Some("text")) => {}
-            // Honest refusal: without constrained decoding the output would only look like JSON
-            // by luck, and a client that asked for a schema relies on it.
-            Some(Some(kind @ ("json_object" | "json_schema"))) => {
-                return Err(ApiError::invalid(
-                    "response_format.type",
-                    format!("`{kind}` is not supported yet: llmr has no constrained (grammar) decoding; ask for JSON in the prompt instead"),
-                ))
-            }
-            Some(_) => {
-                return Err(ApiError::invalid("response_format.type", "must be one of `text`, `json_object`, `json_schema`"))
-            }
+        let constraint_param;
+        (sampling.constraint, constraint_param) =
+            output_constraint(self.response_format.as_ref(), self.json_schema.as_ref())?;
+        if sampling.constraint.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+            return Err(ApiError::invalid(
+                "response_format",
+                "cannot be combined with a forced tool call (`tool_choice` `required` or a named function)",
+            ));
         }
         let stream = self.stream.unwrap_or(false);
         Ok(ChatRequest {
@@ -338,6 +340,8 @@ impl ChatCompletionRequest {
             stream,
             include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
             template_kwargs: self.chat_template_kwargs.unwrap_or_default(),
+            constraint_param,
+            parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
         })
     }
 }
@@ -557,8 +561,13 @@ mod tests {
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#, "n"),
             (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "model"),
             (
-                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}"#,
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
                 "response_format.type",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},
+                    "tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}"#,
+                "response_format",
             ),
         ];
         for (json, param) in cases {

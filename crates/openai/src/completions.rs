@@ -3,7 +3,7 @@
 use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
 use crate::sampling::{Sampling, SamplingWire, StopWire};
-use crate::ApiError;
+use crate::{output_constraint, ApiError};
 use serde::{Deserialize, Serialize};
 
 /// OpenAI's documented default for this endpoint.
@@ -49,6 +49,13 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub user: Option<String>,
+    /// Not OpenAI's (its legacy completions have none); llama-server and vLLM accept it here
+    /// with chat's meaning, and so does llmr.
+    #[serde(default)]
+    pub response_format: Option<serde_json::Value>,
+    /// llama-server's: a JSON schema the answer must follow, as a `json_schema` response format.
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,6 +75,8 @@ pub struct TextCompletionRequest {
     pub echo: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// The field an engine's refusal of `sampling.constraint` is blamed on.
+    pub constraint_param: &'static str,
 }
 
 impl CompletionRequest {
@@ -119,6 +128,9 @@ impl CompletionRequest {
                 return Err(ApiError::invalid("logprobs", format!("{n} is out of range; it must be between 0 and 5")))
             }
         };
+        let constraint_param;
+        (sampling.constraint, constraint_param) =
+            output_constraint(self.response_format.as_ref(), self.json_schema.as_ref())?;
         let stream = self.stream.unwrap_or(false);
         Ok(TextCompletionRequest {
             model: self.model,
@@ -127,6 +139,7 @@ impl CompletionRequest {
             echo: self.echo.unwrap_or(false),
             stream,
             include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
+            constraint_param,
         })
     }
 }

@@ -12,6 +12,7 @@ mod embeddings;
 mod error;
 mod json;
 mod models;
+mod response_format;
 mod sampling;
 pub mod sse;
 
@@ -22,4 +23,5 @@ pub use embeddings::*;
 pub use error::{error_message, ApiError};
 pub use json::parse_body;
 pub use models::*;
+pub use response_format::output_constraint;
 pub use sampling::*;

@@ -88,6 +88,7 @@ impl SamplingWire {
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
             stop,
             logprobs: None,
+            constraint: None,
         })
     }
 }

@@ -38,10 +38,12 @@
 
 mod call;
 mod format;
+mod grammar;
 mod json_scan;
 mod stream;
 
 pub use format::ToolCallFormat;
+pub use grammar::ToolSchema;
 pub use stream::StreamParser;
 
 /// A tool call found in the generated text.

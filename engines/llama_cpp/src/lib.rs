@@ -14,10 +14,11 @@ mod settings;
 
 use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;
+use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
-    abi, export_engine, serde_json, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
-    EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
+    abi, export_engine, serde_json, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine,
+    EngineConfig, EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
 use llmr_kv_policy::Level;
 use model::ModelMeta;
@@ -26,7 +27,7 @@ use settings::{Change, ContextSettings, KvType, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 /// Default slots when the host does not say.
@@ -53,6 +54,21 @@ struct LoadedModel {
     scheduler: Mutex<Option<Worker<Command>>>,
     embedder: Mutex<Option<Worker<embed::EmbedJob>>>,
     stats: Arc<Stats>,
+    /// The vocabulary compiled for constrained decoding, on first use (a walk of every token
+    /// that models never asked for structured output should not pay at load).
+    grammar: OnceLock<Result<Vocabulary, VocabularyError>>,
+}
+
+impl LoadedModel {
+    /// A request's constraint compiled against the model's vocabulary. Either failing is
+    /// UNSUPPORTED with the reason: the node answers 400 on the constraint's field.
+    fn compile(&self, constraint: &Constraint) -> Result<TokenMask, EngineError> {
+        let vocabulary = self.grammar.get_or_init(|| model::grammar_vocabulary(&self.model));
+        let vocabulary = vocabulary.as_ref().map_err(|e| EngineError::new(ErrorCode::Unsupported, e.to_string()))?;
+        vocabulary
+            .compile(constraint)
+            .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("the constraint does not compile: {e}")))
+    }
 }
 
 /// Settings applied to models loaded from now on (set_config without a model id); `None`
@@ -132,11 +148,13 @@ impl LlamaCppEngine {
             ));
         }
         let room = (ctx_per_seq - tokens.len()) as u32;
+        let mask = req.sampling.constraint.as_ref().map(|c| m.compile(c)).transpose()?;
         let (tx, rx) = mpsc::channel();
         let job = Job {
             request_id: req.request_id,
             max_tokens: req.sampling.max_tokens.map_or(room, |m| m.min(room)),
             sampling: req.sampling.clone(),
+            mask,
             ignore_eos: req.ignore_eos,
             tokens,
             events: tx,
@@ -156,7 +174,7 @@ impl Engine for LlamaCppEngine {
         static INFO: EngineInfo = EngineInfo {
             engine_id: c"llama_cpp",
             version: c"0.1.0",
-            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING,
+            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING | abi::LLMR_CAP_CONSTRAINED,
         };
         &INFO
     }
@@ -249,6 +267,7 @@ impl Engine for LlamaCppEngine {
             scheduler: Mutex::new(scheduler),
             embedder: Mutex::new(None),
             stats,
+            grammar: OnceLock::new(),
         });
         let mut models = self.models.write().unwrap();
         if models.contains_key(&desc.model_id) {

@@ -5,6 +5,7 @@ use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use llmr_constraint::{TokenBytes, Vocabulary, VocabularyError};
 use llmr_engine_sdk::{EngineError, ErrorCode};
 use std::io::Read;
 use std::path::Path;
@@ -89,6 +90,38 @@ pub fn read_meta(model: &LlamaModel, path: &Path) -> ModelMeta {
         n_params: model.n_params(),
         architecture,
     }
+}
+
+/// The model's vocabulary for constrained decoding, as llama.cpp's own llguidance sampler reads
+/// it: a token's text without special rendering; a token with none is a control token, named by
+/// its special rendering (or unused when that is empty too). The end tokens are every
+/// end-of-generation id, end of turn first (what chat models end with).
+pub fn grammar_vocabulary(model: &LlamaModel) -> Result<Vocabulary, VocabularyError> {
+    let vocab = model.vocab();
+    let n = model.n_vocab().max(0);
+    let mut tokens = Vec::with_capacity(n as usize);
+    let mut ends = Vec::new();
+    for id in 0..n {
+        let t = LlamaToken(id);
+        let text = vocab.token_to_piece(t, false, None);
+        tokens.push(if !text.is_empty() {
+            TokenBytes::Text(text)
+        } else {
+            match vocab.token_to_piece(t, true, None) {
+                name if name.is_empty() => TokenBytes::Unused,
+                name => TokenBytes::Special(String::from_utf8_lossy(&name).into_owned()),
+            }
+        });
+        if vocab.is_eog(t) {
+            ends.push(id as u32);
+        }
+    }
+    let first = [vocab.eot(), vocab.eos()].into_iter().find(|t| t.0 >= 0 && ends.contains(&(t.0 as u32)));
+    if let Some(first) = first {
+        ends.retain(|&e| e != first.0 as u32);
+        ends.insert(0, first.0 as u32);
+    }
+    Vocabulary::new(tokens, &ends)
 }
 
 /// Tokenizes with the model's own tokenizer.

@@ -1,21 +1,37 @@
 //! Token selection. Where the logits alone decide (greedy without penalties: argmax; temperature
 //! without top-k or penalties, with or without top-p and min-p), the shared `llmr_sampling::Direct`
 //! samplers read them straight, as every engine does; everything else goes through a llama.cpp
-//! sampler chain in llama-server's order.
+//! sampler chain in llama-server's order. A constrained request copies its logits, masks them
+//! with its grammar (`llmr_constraint`) and draws with the shared sampler: llama.cpp's chain reads
+//! the context's logits and cannot take masked ones from outside.
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llmr_constraint::TokenMask;
 use llmr_engine_sdk::Sampling;
-use llmr_sampling::{is_greedy, random_seed, Direct, PENALTY_LAST_N};
+use llmr_sampling::{is_greedy, random_seed, Direct, Sampler, PENALTY_LAST_N};
 
 pub enum TokenSampler {
     Direct(Direct),
     Chain(LlamaSampler),
+    Masked(Box<Masked>),
+}
+
+/// A constrained request's sampling state.
+pub struct Masked {
+    mask: TokenMask,
+    sampler: Sampler,
+    logits: Vec<f32>,
+    history: Vec<u32>,
 }
 
 impl TokenSampler {
-    pub fn new(p: &Sampling, n_vocab: i32) -> Self {
+    pub fn new(p: &Sampling, n_vocab: i32, mask: Option<TokenMask>) -> Self {
+        if let Some(mask) = mask {
+            let sampler = Sampler::new(p, n_vocab.max(0) as usize);
+            return Self::Masked(Box::new(Masked { mask, sampler, logits: Vec::new(), history: Vec::new() }));
+        }
         if let Some(direct) = Direct::for_settings(p) {
             return Self::Direct(direct);
         }
@@ -48,12 +64,23 @@ impl TokenSampler {
         Self::Chain(LlamaSampler::chain_simple(chain))
     }
 
-    /// Picks the next token from output `idx` of the last decode. Chains record the token
-    /// themselves (llama.cpp's sample = apply + accept), which is what the penalties need.
-    pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32) -> LlamaToken {
+    /// Picks the next token from output `idx` of the last decode; `history` is the sequence so
+    /// far (the penalties of a masked draw read it). Chains record the token themselves
+    /// (llama.cpp's sample = apply + accept), which is what their penalties need. An error is the
+    /// grammar engine's.
+    pub fn sample(&mut self, ctx: &LlamaContext<'_>, idx: i32, history: &[LlamaToken]) -> Result<LlamaToken, String> {
         match self {
-            Self::Direct(d) => LlamaToken(d.sample(ctx.get_logits_ith(idx)) as i32),
-            Self::Chain(s) => s.sample(ctx, idx),
+            Self::Direct(d) => Ok(LlamaToken(d.sample(ctx.get_logits_ith(idx)) as i32)),
+            Self::Chain(s) => Ok(s.sample(ctx, idx)),
+            Self::Masked(m) => {
+                m.mask.apply(ctx.get_logits_ith(idx), &mut m.logits)?;
+                let recent = &history[history.len().saturating_sub(PENALTY_LAST_N)..];
+                m.history.clear();
+                m.history.extend(recent.iter().map(|t| t.0 as u32));
+                let token = m.sampler.sample(&m.logits, &m.history);
+                m.mask.accept(token)?;
+                Ok(LlamaToken(token as i32))
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
+use llmr_constraint::TokenMask;
 use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::Sampling;
@@ -39,6 +40,8 @@ pub struct Job {
     /// The request's `max_tokens` capped by the room left in the sequence's context.
     pub max_tokens: u32,
     pub sampling: Sampling,
+    /// The request's constraint, compiled by the caller; `None` for free text.
+    pub mask: Option<TokenMask>,
     pub ignore_eos: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
@@ -339,7 +342,7 @@ impl<'m> Scheduler<'m> {
     /// Moves queued jobs into free slots, reusing the longest cached prefix.
     fn admit(&mut self) {
         while let Some(target) = self.free_slot_for(self.queue.front().map(|j| &j.tokens[..])) {
-            let job = self.queue.pop_front().expect("checked by free_slot_for");
+            let mut job = self.queue.pop_front().expect("checked by free_slot_for");
             if common_prefix(&self.slots[target].cached, &job.tokens) < self.slots[target].cached.len() {
                 // The part of the target's cache this job does not share is about to go.
                 self.save(target);
@@ -351,7 +354,7 @@ impl<'m> Scheduler<'m> {
             if self.saved.enabled() {
                 self.drop_idle(Some(target));
             }
-            let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab());
+            let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab(), job.mask.take());
             let stops = StopMatcher::new(job.sampling.stop.iter().cloned());
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
@@ -509,7 +512,10 @@ impl<'m> Scheduler<'m> {
         let ctx_per_seq = self.settings.ctx_per_seq as usize;
         let slot = &mut self.slots[i];
         let a = slot.active.as_mut().expect("sampled slots are active");
-        let token = a.sampler.sample(&self.ctx, idx);
+        let token = match a.sampler.sample(&self.ctx, idx, &slot.cached) {
+            Ok(token) => token,
+            Err(e) => return self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}"))),
+        };
         let now = Instant::now();
         a.first_token.get_or_insert(now);
         a.generated += 1;

@@ -576,3 +576,69 @@ fn tempfile_dir() -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A bounded schema, so that every draw can end well within its token budget.
+const PERSON: &str = r#"{"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "city": {"enum": ["Paris", "Berlin", "Rome", "Madrid"]}},
+  "required": ["name", "age", "city"], "additionalProperties": false}"#;
+
+#[test]
+fn constrained_answers_follow_their_schema_greedy_and_sampled() {
+    let ask = "<|im_start|>user\nDescribe a person who lives in a European capital, as JSON.<|im_end|>\n<|im_start|>assistant\n";
+    let schema = || Some(llmr_engine_host::Constraint::JsonSchema(PERSON.into()));
+    let settings = [
+        Sampling { max_tokens: Some(120), constraint: schema(), ..Sampling::greedy() },
+        // Penalties and top-k: the settings llama.cpp's own chain would otherwise take.
+        Sampling {
+            max_tokens: Some(120),
+            temperature: 1.5,
+            top_k: Some(40),
+            repeat_penalty: 1.1,
+            seed: Some(1),
+            constraint: schema(),
+            ..Sampling::default()
+        },
+        Sampling {
+            max_tokens: Some(120),
+            temperature: 1.5,
+            seed: Some(2),
+            constraint: schema(),
+            ..Sampling::default()
+        },
+        Sampling {
+            max_tokens: Some(120),
+            temperature: 1.5,
+            seed: Some(3),
+            constraint: schema(),
+            ..Sampling::default()
+        },
+    ];
+    for (i, s) in settings.into_iter().enumerate() {
+        let (text, _, res) = generate(&InferParams::new(900 + i as u64, "smollm2", ask, s));
+        assert_eq!(res.finish_reason, FinishReason::Stop, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 3, "{text}");
+        assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 24), "{text}");
+        assert!(o["age"].as_u64().is_some_and(|a| a <= 120), "{text}");
+        assert!(["Paris", "Berlin", "Rome", "Madrid"].contains(&o["city"].as_str().unwrap_or_default()), "{text}");
+    }
+    let yes_no = Sampling {
+        max_tokens: Some(8),
+        constraint: Some(llmr_engine_host::Constraint::Regex("(yes|no)".into())),
+        ..Sampling::greedy()
+    };
+    let prompt =
+        "<|im_start|>user\nIs Paris the capital of France? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n";
+    let (text, _, res) = generate(&InferParams::new(910, "smollm2", prompt, yes_no));
+    assert!((text == "yes" || text == "no") && res.finish_reason == FinishReason::Stop, "{text:?}");
+    let bad = Sampling {
+        constraint: Some(llmr_engine_host::Constraint::Lark("start: missing_rule".into())),
+        ..Sampling::greedy()
+    };
+    let err = engine().infer(&InferParams::new(911, "smollm2", prompt, bad), |_| true).unwrap_err();
+    assert_eq!(err.status, EngineStatus::Unsupported, "{}", err.message);
+    assert!(err.message.contains("missing_rule"), "{}", err.message);
+}

@@ -25,16 +25,18 @@ use checkpoint::{Checkpoint, CheckpointError};
 use config::{ConfigError, ModelConfig};
 use embed::{EmbedJob, Pooling};
 use kv_cache::{KvPool, Shape, BLOCK_TOKENS};
+use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
-    abi, Capability, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo,
-    ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
+    abi, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
+    EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
 use llmr_kv_policy::KvPolicy;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 use tokenizer::ModelTokenizer;
 
@@ -57,6 +59,11 @@ struct LoadedModel {
     pooling: Pooling,
     /// The KV policy its scheduler runs (patches apply on top of it).
     policy: Mutex<KvPolicy>,
+    /// `tokenizer.json`, read again when the first constrained request comes.
+    tokenizer_file: PathBuf,
+    /// The vocabulary compiled for constrained decoding, on first use (it takes a moment that
+    /// models never asked for structured output should not pay at load).
+    grammar: OnceLock<Result<Arc<Vocabulary>, VocabularyError>>,
     scheduler: Worker<Command>,
     stats: Arc<Stats>,
 }
@@ -71,6 +78,25 @@ pub struct NativeEngine {
     policy: Mutex<KvPolicy>,
     models: RwLock<HashMap<String, Arc<LoadedModel>>>,
     running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+}
+
+impl LoadedModel {
+    /// A request's constraint compiled against the model's vocabulary (built on first use). Either
+    /// failing is UNSUPPORTED with the reason: the node answers 400 on the constraint's field.
+    fn compile(&self, constraint: &Constraint) -> Result<TokenMask, EngineError> {
+        let vocabulary = self.grammar.get_or_init(|| {
+            let json = std::fs::read_to_string(&self.tokenizer_file)
+                .map_err(|e| VocabularyError(format!("{}: {e}", self.tokenizer_file.display())))?;
+            // The primary end token first: it is the one the grammar engine names.
+            let mut ends: Vec<u32> = self.tokenizer.end_ids.iter().copied().collect();
+            ends.sort_unstable();
+            Vocabulary::from_tokenizer_json(&json, self.config.vocab, &ends).map(Arc::new)
+        });
+        let vocabulary = vocabulary.as_ref().map_err(|e| EngineError::new(ErrorCode::Unsupported, e.to_string()))?;
+        vocabulary
+            .compile(constraint)
+            .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("the constraint does not compile: {e}")))
+    }
 }
 
 fn corrupt(e: CheckpointError) -> EngineError {
@@ -111,11 +137,13 @@ impl NativeEngine {
             ));
         }
         let room = (ctx - tokens.len()) as u32;
+        let mask = req.sampling.constraint.as_ref().map(|c| m.compile(c)).transpose()?;
         let (tx, rx) = mpsc::channel();
         m.scheduler.send(Command::Infer(Job {
             request_id: req.request_id,
             max_tokens: req.sampling.max_tokens.map_or(room, |n| n.min(room)),
             sampling: req.sampling.clone(),
+            mask,
             ignore_eos: req.ignore_eos,
             tokens,
             events: tx,
@@ -178,7 +206,7 @@ impl Engine for NativeEngine {
         static INFO: EngineInfo = EngineInfo {
             engine_id: c"native",
             version: c"0.1.0",
-            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING,
+            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING | abi::LLMR_CAP_CONSTRAINED,
         };
         &INFO
     }
@@ -286,6 +314,8 @@ impl Engine for NativeEngine {
             threads,
             kv_blocks,
             policy: Mutex::new(policy),
+            tokenizer_file: desc.model_dir.join("tokenizer.json"),
+            grammar: OnceLock::new(),
             scheduler,
             stats,
         });

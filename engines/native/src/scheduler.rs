@@ -17,6 +17,7 @@ use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
 use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
 use crate::kv_control::{self, SeqView};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
+use llmr_constraint::TokenMask;
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger, Sampling};
@@ -39,6 +40,8 @@ pub struct Job {
     /// The request's `max_tokens` capped by the room left in the sequence's context.
     pub max_tokens: u32,
     pub sampling: Sampling,
+    /// The request's constraint, compiled by the caller; `None` for free text.
+    pub mask: Option<TokenMask>,
     pub ignore_eos: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
@@ -102,6 +105,8 @@ struct Running {
     next_prompt: usize,
     cached_prompt: usize,
     sampler: Sampler,
+    /// Moved from the job: the grammar state of a constrained request.
+    mask: Option<TokenMask>,
     /// Sampled but not yet fed to the model.
     pending: Option<u32>,
     /// Row of this step's logits this sequence samples from.
@@ -125,6 +130,8 @@ pub struct Scheduler {
     /// Embedding requests, oldest first; the first advances one chunk per turn.
     embeds: VecDeque<EmbedRun>,
     scratch: Scratch,
+    /// A constrained sequence's logits under its mask.
+    masked: Vec<f32>,
     pacer: Pacer,
     policy: KvPolicy,
     next_pass: Instant,
@@ -159,6 +166,7 @@ impl Scheduler {
             queue: VecDeque::new(),
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
+            masked: Vec::new(),
             pacer: Pacer::default(),
             policy,
             next_pass: Instant::now(),
@@ -268,8 +276,10 @@ impl Scheduler {
             let reused = self.pool.attach_prefix(&mut table, &job.tokens);
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
+            let mut job = job;
             self.running.push(Running {
                 sampler: Sampler::new(&job.sampling, self.vocab),
+                mask: job.mask.take(),
                 stops: StopMatcher::new(job.sampling.stop.iter().cloned()),
                 tokens: job.tokens[..reused].to_vec(),
                 table,
@@ -407,7 +417,21 @@ impl Scheduler {
         let tk = &self.tokenizer;
         let ctx_per_seq = self.settings.ctx_per_seq;
         let r = &mut self.running[i];
-        let token = r.sampler.sample(logits, &r.tokens);
+        let token = match r.mask.as_mut() {
+            None => r.sampler.sample(logits, &r.tokens),
+            Some(mask) => {
+                // Only constrained sequences pay for a copy of their logits and the mask.
+                let masked = &mut self.masked;
+                let token = mask.apply(logits, masked).map(|()| r.sampler.sample(masked, &r.tokens));
+                match token.and_then(|t| mask.accept(t).map(|()| t)) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}")));
+                        return false;
+                    }
+                }
+            }
+        };
         r.first_token.get_or_insert_with(Instant::now);
         r.generated += 1;
         self.stats.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
@@ -521,6 +545,16 @@ impl Scheduler {
         }
         self.stats.running.store(0, Ordering::Relaxed);
         self.publish_kv_stats();
+    }
+
+    /// Ends sequence `i` with an error.
+    fn fail(&mut self, i: usize, error: EngineError) {
+        let mut r = self.running.swap_remove(i);
+        self.pool.free_table(&mut r.table);
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.publish_kv_stats();
+        self.logger.warn(&format!("request {} failed: {}", r.job.request_id, error.message));
+        let _ = r.job.events.send(Event::Failed(error));
     }
 
     fn finish(&mut self, i: usize, reason: FinishReason) {

@@ -103,7 +103,7 @@ pub(crate) fn walk_tensor_infos<R: Read + Seek>(
             data_len = data_len.max(data_offset);
             continue;
         };
-        if first_dim % block != 0 {
+        if !first_dim.is_multiple_of(block) {
             return Err(bad(TensorProblem::PartialBlock { first_dim, block }));
         }
         let end = (elements / block)

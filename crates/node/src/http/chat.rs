@@ -34,6 +34,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             sampling: req.sampling.clone(),
             stream: req.stream,
             prompt_param: "messages",
+            constraint_param: req.constraint_param,
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {

@@ -10,11 +10,12 @@
 //! endpoint is an encoder and a handler of a few lines.
 
 use super::{sse, SharedState};
+use crate::error::NodeError;
 use crate::generation::{self, Collected, Finished, GenEvent, Generation, GenerationInput, Piece, Prompt};
 use crate::metrics as m;
 use crate::models::LoadedModel;
 use axum::response::{IntoResponse, Response};
-use llmr_engine_host::Sampling;
+use llmr_engine_host::{EngineStatus, Sampling};
 use llmr_openai::{ApiError, SamplingBounds};
 use llmr_telemetry::RequestId;
 use std::collections::VecDeque;
@@ -45,6 +46,9 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// The field a prompt that overflows the context is blamed on (`messages`, `prompt`).
     pub prompt_param: &'static str,
+    /// The field `sampling.constraint` came from: an engine that cannot follow the constraint
+    /// (none at all, or not this grammar) is a 400 on it.
+    pub constraint_param: &'static str,
     pub arrived: Instant,
 }
 
@@ -96,21 +100,48 @@ where
     record_model(&model);
     // Counted once the model is known: request JSON must not create metric series.
     metrics::counter!(m::REQUESTS, "endpoint" => req.endpoint, "model" => model.name.clone()).increment(1);
-    let (prompt, encoder) = prepare(&model)?;
+    let (mut prompt, encoder) = prepare(&model)?;
+    let mut sampling = req.sampling;
+    let mut blame = Blame { constrained: sampling.constraint.is_some(), param: req.constraint_param };
+    if let Some(grammar) = prompt.constraint.take() {
+        // A forced tool call's grammar, made of the request's tool schemas.
+        sampling.constraint = Some(grammar);
+        blame = Blame { constrained: true, param: "tools" };
+    }
     let info = model.engine.info();
     if let Some(vocab) = info.vocab_size {
-        req.sampling.check_top_k(vocab)?;
+        sampling.check_top_k(vocab)?;
     }
     let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
     if let Some(context) = info.context_length {
-        req.sampling.check_context(prompt_tokens, context, req.prompt_param)?;
+        sampling.check_context(prompt_tokens, context, req.prompt_param)?;
     }
-    let input = GenerationInput { prompt, sampling: req.sampling, endpoint: req.endpoint, arrived: req.arrived };
+    let input = GenerationInput { prompt, sampling, endpoint: req.endpoint, arrived: req.arrived };
     let gen = generation::begin(&model, &state.cache, input).await?;
     if req.stream {
-        stream(gen, encoder, req.endpoint, id.clone()).await
+        stream(gen, encoder, req.endpoint, id.clone(), blame).await
     } else {
-        Ok(encoder.complete(generation::collect(gen).await?))
+        Ok(encoder.complete(generation::collect(gen).await.map_err(|e| blame.error(e))?))
+    }
+}
+
+/// Who answers for an engine's refusal: an UNSUPPORTED engine error on a constrained request is
+/// the constraint's (the engine has no constrained decoding, or cannot compile this grammar):
+/// the client's to fix, so a 400 naming the field.
+#[derive(Clone, Copy)]
+struct Blame {
+    constrained: bool,
+    param: &'static str,
+}
+
+impl Blame {
+    fn error(self, e: NodeError) -> ApiError {
+        match e {
+            NodeError::Engine(c) if self.constrained && c.status == EngineStatus::Unsupported => {
+                ApiError::invalid(self.param, format!("the model's engine cannot follow it: {}", c.message))
+            }
+            e => e.into(),
+        }
     }
 }
 
@@ -119,10 +150,11 @@ async fn stream<E: Encoder>(
     mut encoder: E,
     endpoint: &'static str,
     id: RequestId,
+    blame: Blame,
 ) -> Result<Response, ApiError> {
     let first = gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
     if let GenEvent::Done(Err(e)) = first {
-        return Err(e.into());
+        return Err(blame.error(e));
     }
     let mut out = Vec::new();
     encoder.open(&mut out);

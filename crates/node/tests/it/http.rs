@@ -186,6 +186,36 @@ async fn bad_requests_get_the_status_and_name_the_field() {
             None,
             None,
         ),
+        (
+            post(
+                "/v1/chat/completions",
+                chat("echo-errors", "hi", json!({"response_format": {"type": "json_schema"}})),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("response_format.json_schema"),
+            None,
+        ),
+        // The echo engine has no constrained decoding: a 400 on the field, never free text
+        // where JSON was asked for.
+        (
+            post(
+                "/v1/chat/completions",
+                chat("echo-errors", "hi", json!({"response_format": {"type": "json_object"}})),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("response_format"),
+            None,
+        ),
+        (
+            post(
+                "/v1/completions",
+                json!({"model": "echo-errors", "prompt": "x", "stream": true,
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}}),
+            ),
+            StatusCode::BAD_REQUEST,
+            Some("response_format.json_schema.schema"),
+            None,
+        ),
         (Request::get("/v1/chat/completions").body(Body::empty()).unwrap(), StatusCode::METHOD_NOT_ALLOWED, None, None),
         (Request::get("/v2/nothing").body(Body::empty()).unwrap(), StatusCode::NOT_FOUND, None, None),
     ];

@@ -6,6 +6,7 @@
 
 mod agreement;
 mod bad_input;
+mod constrained;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod embeddings;
