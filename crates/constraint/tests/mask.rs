@@ -118,3 +118,17 @@ fn a_vocabulary_needs_an_end_token_within_it() {
     assert!(Vocabulary::new(tokens.clone(), &[]).is_err());
     assert!(Vocabulary::new(tokens, &[5]).is_err());
 }
+
+#[test]
+fn a_schema_that_admits_nothing_is_refused_when_compiled() {
+    let (vocab, _) = vocabulary();
+    for schema in [
+        r#"{"type": "string", "minLength": 5, "maxLength": 2}"#,
+        r#"{"type": "integer", "minimum": 10, "maximum": 3}"#,
+        r#"{"allOf": [{"type": "string"}, {"type": "integer"}]}"#,
+        "false",
+    ] {
+        let err = vocab.compile(&Constraint::JsonSchema(schema.into())).err();
+        assert!(err.is_some(), "{schema} compiled");
+    }
+}

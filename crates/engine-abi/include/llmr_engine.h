@@ -114,6 +114,7 @@ typedef int32_t llmr_status;
 #define LLMR_CAP_TTS (1u << 4)
 #define LLMR_CAP_IMAGE (1u << 5)
 #define LLMR_CAP_CONSTRAINED (1u << 6) /* minor 1: honours llmr_infer_request.constraint_kind */
+#define LLMR_CAP_TOKEN_INPUT (1u << 7) /* minor 1: reads prompt_tokens / token_inputs */
 
 /* Log levels for llmr_log_fn. */
 #define LLMR_LOG_ERROR 1u
@@ -161,6 +162,12 @@ typedef struct llmr_str {
     const char *ptr;
     size_t len;
 } llmr_str;
+
+/* Borrowed token ids of the model's vocabulary (minor 1). */
+typedef struct llmr_tokens {
+    const int32_t *ids;
+    size_t count;
+} llmr_tokens;
 
 /* An engine instance. Opaque: the host never looks inside. */
 typedef struct llmr_engine llmr_engine;
@@ -253,6 +260,10 @@ typedef struct llmr_infer_request {
     /* Minor 1. */
     uint32_t constraint_kind;    /* LLMR_CONSTRAINT_*; NONE = unconstrained */
     llmr_str constraint;         /* the constraint's text; empty when NONE */
+    llmr_tokens prompt_tokens;   /* count > 0: the prompt as token ids, used as given (`prompt` is
+                                    empty; ADD_BOS and PARSE_SPECIAL do not apply). Sent only to
+                                    plugins reporting LLMR_CAP_TOKEN_INPUT; an id outside the
+                                    vocabulary is LLMR_ERR_UNSUPPORTED naming it. */
 } llmr_infer_request;
 
 /* One alternative token with its log-probability. */
@@ -302,6 +313,9 @@ typedef struct llmr_embed_request {
     const char *model_id;
     const llmr_str *inputs;
     size_t input_count;
+    /* Minor 1: when not NULL, the inputs are these input_count token lists (`inputs` is NULL).
+       Sent only to plugins reporting LLMR_CAP_TOKEN_INPUT. */
+    const llmr_tokens *token_inputs;
 } llmr_embed_request;
 
 /* Receives the embedding of inputs[index]; `values` is borrowed for the call. Return false to

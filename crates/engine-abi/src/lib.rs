@@ -44,6 +44,7 @@ pub const LLMR_CAP_ASR: u32 = 1 << 3;
 pub const LLMR_CAP_TTS: u32 = 1 << 4;
 pub const LLMR_CAP_IMAGE: u32 = 1 << 5;
 pub const LLMR_CAP_CONSTRAINED: u32 = 1 << 6;
+pub const LLMR_CAP_TOKEN_INPUT: u32 = 1 << 7;
 
 pub const LLMR_LOG_ERROR: u32 = 1;
 pub const LLMR_LOG_WARN: u32 = 2;
@@ -75,6 +76,13 @@ pub const LLMR_EMBED_NORMALIZE: u32 = 1 << 0;
 pub struct llmr_str {
     pub ptr: *const c_char,
     pub len: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llmr_tokens {
+    pub ids: *const i32,
+    pub count: usize,
 }
 
 /// Opaque engine instance (`struct llmr_engine`).
@@ -154,6 +162,7 @@ pub struct llmr_infer_request {
     pub top_logprobs: u32,
     pub constraint_kind: u32,
     pub constraint: llmr_str,
+    pub prompt_tokens: llmr_tokens,
 }
 
 #[repr(C)]
@@ -197,6 +206,7 @@ pub struct llmr_embed_request {
     pub model_id: *const c_char,
     pub inputs: *const llmr_str,
     pub input_count: usize,
+    pub token_inputs: *const llmr_tokens,
 }
 
 pub type llmr_embedding_fn =

@@ -33,6 +33,7 @@ macro_rules! constants {
 fn rows() -> Vec<Row> {
     let mut r: Vec<Row> = Vec::new();
     layout!(r, llmr_str { ptr, len });
+    layout!(r, llmr_tokens { ids, count });
     layout!(r, llmr_engine_info { struct_size, abi_major, abi_minor, capabilities, engine_id, version });
     layout!(
         r,
@@ -90,6 +91,7 @@ fn rows() -> Vec<Row> {
             top_logprobs,
             constraint_kind,
             constraint,
+            prompt_tokens,
         }
     );
     layout!(r, llmr_top_logprob { token_id, logprob, text });
@@ -107,7 +109,7 @@ fn rows() -> Vec<Row> {
             generation_ns,
         }
     );
-    layout!(r, llmr_embed_request { struct_size, flags, request_id, model_id, inputs, input_count });
+    layout!(r, llmr_embed_request { struct_size, flags, request_id, model_id, inputs, input_count, token_inputs });
     layout!(r, llmr_embed_result { struct_size, prompt_tokens });
     layout!(
         r,
@@ -172,6 +174,7 @@ fn rows() -> Vec<Row> {
         LLMR_CAP_TTS,
         LLMR_CAP_IMAGE,
         LLMR_CAP_CONSTRAINED,
+        LLMR_CAP_TOKEN_INPUT,
         LLMR_LOG_ERROR,
         LLMR_LOG_WARN,
         LLMR_LOG_INFO,

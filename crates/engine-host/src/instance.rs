@@ -74,12 +74,31 @@ pub struct InferParams<'a> {
     pub parse_special: bool,
     pub add_bos: bool,
     pub ignore_eos: bool,
+    /// The prompt as token ids instead of text (`prompt` is then ignored): OpenAI's arrays of
+    /// integers. Only plugins reporting `LLMR_CAP_TOKEN_INPUT` take them.
+    pub prompt_tokens: Option<&'a [i32]>,
+}
+
+/// Embedding inputs: texts, or token ids (only for plugins reporting `LLMR_CAP_TOKEN_INPUT`).
+#[derive(Clone, Copy, Debug)]
+pub enum EmbedInputs<'a> {
+    Texts(&'a [&'a str]),
+    Tokens(&'a [&'a [i32]]),
 }
 
 impl<'a> InferParams<'a> {
     /// The prompt with the model's BOS, special tokens parsed, stopping at EOS.
     pub fn new(request_id: u64, model_id: &'a str, prompt: &'a str, sampling: Sampling) -> Self {
-        Self { request_id, model_id, prompt, sampling, parse_special: true, add_bos: true, ignore_eos: false }
+        Self {
+            request_id,
+            model_id,
+            prompt,
+            sampling,
+            parse_special: true,
+            add_bos: true,
+            ignore_eos: false,
+            prompt_tokens: None,
+        }
     }
 
     /// Greedy decoding with every sampler off.
@@ -315,6 +334,19 @@ impl EngineInstance {
         &self.plugin
     }
 
+    /// UNSUPPORTED unless the plugin reports `capability`: what a newer minor version added is
+    /// sent only to plugins that say they read it (an older one would silently ignore the
+    /// fields beyond its struct).
+    fn require(&self, capability: u32, what: &str) -> Result<(), CallError> {
+        if self.plugin.info.capabilities & capability != 0 {
+            return Ok(());
+        }
+        Err(CallError {
+            status: EngineStatus::Unsupported,
+            message: format!("engine '{}' does not support {what}", self.plugin.info.engine_id),
+        })
+    }
+
     fn check(&self, status: abi::llmr_status) -> Result<(), CallError> {
         match EngineStatus::from_raw(status) {
             None => Ok(()),
@@ -425,16 +457,15 @@ impl EngineInstance {
         let model_id = cstring(params.model_id, "model_id")?;
         let s = &params.sampling;
         let stops: Vec<abi::llmr_str> = s.stop.iter().map(|s| abi_str(s)).collect();
+        if params.prompt_tokens.is_some() {
+            self.require(abi::LLMR_CAP_TOKEN_INPUT, "token-id prompts")?;
+        }
+        if s.constraint.is_some() {
+            self.require(abi::LLMR_CAP_CONSTRAINED, "constrained output")?;
+        }
+        let prompt_tokens = params.prompt_tokens.unwrap_or_default();
         let (constraint_kind, constraint) = match &s.constraint {
             None => (abi::LLMR_CONSTRAINT_NONE, ""),
-            // Older plugins would read past their struct and ignore the constraint: only a plugin
-            // that says it honours constraints gets one.
-            Some(_) if self.plugin.info.capabilities & abi::LLMR_CAP_CONSTRAINED == 0 => {
-                return Err(CallError {
-                    status: EngineStatus::Unsupported,
-                    message: format!("engine '{}' does not support constrained output", self.plugin.info.engine_id),
-                })
-            }
             Some(Constraint::JsonSchema(text)) => (abi::LLMR_CONSTRAINT_JSON_SCHEMA, text.as_str()),
             Some(Constraint::Regex(text)) => (abi::LLMR_CONSTRAINT_REGEX, text.as_str()),
             Some(Constraint::Lark(text)) => (abi::LLMR_CONSTRAINT_LARK, text.as_str()),
@@ -471,6 +502,7 @@ impl EngineInstance {
             top_logprobs: s.logprobs.unwrap_or(0),
             constraint_kind,
             constraint: abi_str(constraint),
+            prompt_tokens: abi::llmr_tokens { ids: prompt_tokens.as_ptr(), count: prompt_tokens.len() },
         };
         let mut state = CallbackState { f: on_token, panic: None };
         let mut result = abi::llmr_infer_result {
@@ -519,15 +551,38 @@ impl EngineInstance {
     where
         F: FnMut(usize, &[f32]) -> bool,
     {
+        self.embed_inputs(request_id, model_id, EmbedInputs::Texts(inputs), normalize, on_embedding)
+    }
+
+    /// [`embed`](Self::embed) of texts or of token ids.
+    pub fn embed_inputs<F>(
+        &self,
+        request_id: u64,
+        model_id: &str,
+        inputs: EmbedInputs<'_>,
+        normalize: bool,
+        on_embedding: F,
+    ) -> Result<u32, CallError>
+    where
+        F: FnMut(usize, &[f32]) -> bool,
+    {
         let model_id = cstring(model_id, "model_id")?;
-        let raw_inputs: Vec<abi::llmr_str> = inputs.iter().map(|s| abi_str(s)).collect();
+        let (raw_inputs, raw_tokens): (Vec<abi::llmr_str>, Vec<abi::llmr_tokens>) = match inputs {
+            EmbedInputs::Texts(texts) => (texts.iter().map(|s| abi_str(s)).collect(), Vec::new()),
+            EmbedInputs::Tokens(lists) => {
+                self.require(abi::LLMR_CAP_TOKEN_INPUT, "token-id inputs")?;
+                (Vec::new(), lists.iter().map(|t| abi::llmr_tokens { ids: t.as_ptr(), count: t.len() }).collect())
+            }
+        };
+        let tokens = matches!(inputs, EmbedInputs::Tokens(_));
         let raw = abi::llmr_embed_request {
             struct_size: std::mem::size_of::<abi::llmr_embed_request>() as u32,
             flags: if normalize { abi::LLMR_EMBED_NORMALIZE } else { 0 },
             request_id,
             model_id: model_id.as_ptr(),
-            inputs: raw_inputs.as_ptr(),
-            input_count: raw_inputs.len(),
+            inputs: if tokens { std::ptr::null() } else { raw_inputs.as_ptr() },
+            input_count: if tokens { raw_tokens.len() } else { raw_inputs.len() },
+            token_inputs: if tokens { raw_tokens.as_ptr() } else { std::ptr::null() },
         };
         let mut state = CallbackState { f: on_embedding, panic: None };
         let mut result = abi::llmr_embed_result {

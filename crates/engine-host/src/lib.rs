@@ -15,7 +15,8 @@ mod status;
 pub use discovery::{discover, load_one, DiscoveryOptions, FoundPlugin, PluginState};
 pub use gpu::detect_gpu;
 pub use instance::{
-    EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent, TopLogprob,
+    EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent,
+    TopLogprob,
 };
 pub use llmr_engine_abi as abi;
 pub use llmr_engine_types::{Capability, Constraint, Format, ModelInfo, Sampling, TokenLogprob};

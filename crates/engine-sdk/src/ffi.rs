@@ -131,6 +131,17 @@ unsafe fn abi_str_array<'a>(ptr: *const abi::llmr_str, count: usize, name: &str)
         .collect()
 }
 
+/// Borrowed token ids (`None` when empty).
+unsafe fn abi_tokens<'a>(t: abi::llmr_tokens, name: &str) -> Result<Option<&'a [i32]>, EngineError> {
+    if t.count == 0 {
+        return Ok(None);
+    }
+    if t.ids.is_null() {
+        return Err(bad_arg(&format!("`{name}` is NULL with count {}", t.count)));
+    }
+    Ok(Some(std::slice::from_raw_parts(t.ids, t.count)))
+}
+
 fn parse_json(text: Option<&str>, name: &str) -> Result<serde_json::Value, EngineError> {
     match text {
         None => Ok(serde_json::Value::Null),
@@ -333,6 +344,7 @@ pub unsafe fn infer<E: Engine>(
                 logprobs: (r.flags & abi::LLMR_INFER_LOGPROBS != 0).then_some(r.top_logprobs.min(20)),
                 constraint: read_constraint(r.constraint_kind, r.constraint)?,
             },
+            prompt_tokens: abi_tokens(r.prompt_tokens, "request.prompt_tokens")?,
             parse_special: r.flags & abi::LLMR_INFER_PARSE_SPECIAL != 0,
             add_bos: r.flags & abi::LLMR_INFER_ADD_BOS != 0,
             ignore_eos: r.flags & abi::LLMR_INFER_IGNORE_EOS != 0,
@@ -390,7 +402,22 @@ pub unsafe fn embed<E: Engine>(
         let req = EmbedRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
-            inputs: abi_str_array(r.inputs, r.input_count, "request.inputs")?,
+            inputs: if r.token_inputs.is_null() {
+                abi_str_array(r.inputs, r.input_count, "request.inputs")?
+            } else {
+                Vec::new()
+            },
+            token_inputs: if r.token_inputs.is_null() {
+                None
+            } else {
+                Some(
+                    std::slice::from_raw_parts(r.token_inputs, r.input_count)
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| Ok(abi_tokens(*t, &format!("request.token_inputs[{i}]"))?.unwrap_or_default()))
+                        .collect::<Result<_, EngineError>>()?,
+                )
+            },
             normalize: r.flags & abi::LLMR_EMBED_NORMALIZE != 0,
         };
         let mut sink = EmbeddingSink::new(on_embedding, user_data);

@@ -3,6 +3,7 @@
 //! Requests borrow from the host's call (lifetime `'a`); sinks wrap the host's callbacks and are
 //! only usable on the thread and during the call that received them, as the header requires.
 
+use crate::{EngineError, ErrorCode};
 use llmr_engine_abi as abi;
 use llmr_engine_types::{Format, Sampling};
 use std::ffi::{c_void, CStr};
@@ -103,6 +104,22 @@ pub struct InferRequest<'a> {
     pub parse_special: bool,
     pub add_bos: bool,
     pub ignore_eos: bool,
+    /// The prompt as token ids, used as given (`prompt` is then empty); only for plugins that
+    /// report `LLMR_CAP_TOKEN_INPUT`.
+    pub prompt_tokens: Option<&'a [i32]>,
+}
+
+/// Token ids a request gave (`prompt_tokens`, `token_inputs`), checked against the model's
+/// vocabulary of `vocab` ids: UNSUPPORTED naming `what` and the first id outside it.
+pub fn checked_token_ids(ids: &[i32], vocab: usize, what: &str) -> Result<Vec<u32>, EngineError> {
+    match ids.iter().position(|&id| id < 0 || id as usize >= vocab) {
+        Some(i) => Err(EngineError::new(
+            ErrorCode::Unsupported,
+            format!("{what}[{i}] is {}, not a token of this model (its vocabulary has {vocab})", ids[i]),
+        )),
+        None if ids.is_empty() => Err(EngineError::new(ErrorCode::Unsupported, format!("{what} is empty"))),
+        None => Ok(ids.iter().map(|&id| id as u32).collect()),
+    }
 }
 
 /// One alternative of a generated token.
@@ -187,6 +204,9 @@ pub struct EmbedRequest<'a> {
     pub request_id: u64,
     pub model_id: &'a str,
     pub inputs: Vec<&'a str>,
+    /// The inputs as token ids instead (`inputs` is then empty); only for plugins that report
+    /// `LLMR_CAP_TOKEN_INPUT`.
+    pub token_inputs: Option<Vec<&'a [i32]>>,
     pub normalize: bool,
 }
 

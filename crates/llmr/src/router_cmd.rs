@@ -3,7 +3,7 @@
 use crate::signal::shutdown_signal;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use llmr_router::{Router, RouterConfig};
+use llmr_router::{CorsOrigins, Router, RouterConfig};
 use llmr_serve::{bind, is_loopback};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +32,10 @@ pub struct RouterArgs {
     /// Largest request body accepted (413 beyond).
     #[arg(long, default_value_t = 16)]
     body_limit_mib: usize,
+    /// Web pages allowed to call the API from a browser: exact origins
+    /// (`https://app.example.com`), or `*` for any. Default: pages served from this machine.
+    #[arg(long, env = "LLMR_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
 }
 
 pub fn db_path(given: Option<PathBuf>) -> Result<PathBuf> {
@@ -54,6 +58,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
     config.heartbeat_interval = Duration::from_millis(args.heartbeat_interval_ms);
     config.heartbeat_timeout = Duration::from_millis(args.heartbeat_timeout_ms);
     config.body_limit = args.body_limit_mib << 20;
+    config.cors = CorsOrigins::parse(&args.cors_origins).map_err(|e| anyhow::anyhow!("--cors-origins: {e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let db = config.db_path.clone();

@@ -437,3 +437,34 @@ fn response_formats_give_documents_that_parse_from_both_engines() {
         assert!(e["error"]["message"].as_str().unwrap().contains("nonsense"), "{e}");
     }
 }
+
+#[test]
+fn prompts_and_embedding_inputs_may_be_token_ids() {
+    let s = serve(&[
+        "--model",
+        &format!("smol-st={}", model_dir("smollm2-hf").display()),
+        "--model",
+        &format!("smol-gguf={}", model("smollm2-135m-instruct-q4_1.gguf")),
+    ]);
+    // SmolLM2's ids of "The capital of France is" (llama.cpp and the tokenizer.json agree).
+    let ids = json!([504, 3575, 282, 4649, 314]);
+    for name in ["smol-st", "smol-gguf"] {
+        let text = json!({"model": name, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0});
+        let (status, by_text) = s.post("/v1/completions", &text);
+        assert_eq!(status, 200, "{by_text}");
+        let (status, by_ids) =
+            s.post("/v1/completions", &json!({"model": name, "prompt": ids, "max_tokens": 6, "temperature": 0}));
+        assert_eq!(status, 200, "{by_ids}");
+        assert_eq!(by_ids["usage"]["prompt_tokens"], 5, "the ids as given: {by_ids}");
+        // SmolLM2 adds no BOS to a raw prompt: the same five tokens, the same answer.
+        assert_eq!(by_ids["choices"][0]["text"], by_text["choices"][0]["text"], "{by_ids}");
+        assert!(by_ids["choices"][0]["text"].as_str().unwrap().contains("Paris"), "{by_ids}");
+        let (status, e) = s.post("/v1/completions", &json!({"model": name, "prompt": [504, 49152], "max_tokens": 2}));
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some("prompt[1]")), "{e}");
+        let (status, emb) = s.post("/v1/embeddings", &json!({"model": name, "input": [[504, 3575], [282]]}));
+        assert_eq!(status, 200, "{emb}");
+        assert_eq!((emb["data"].as_array().unwrap().len(), emb["usage"]["prompt_tokens"].as_u64()), (2, Some(3)));
+        let (status, e) = s.post("/v1/embeddings", &json!({"model": name, "input": [[504], [99999]]}));
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some("input[1][0]")), "{e}");
+    }
+}

@@ -5,7 +5,8 @@
 //! this trait.
 
 use llmr_engine_host::{
-    abi, CallError, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec, Plugin, TokenEvent,
+    abi, CallError, EmbedInputs, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec,
+    Plugin, TokenEvent,
 };
 use llmr_model_store::ModelDescriptor;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ pub trait Engine: Send + Sync {
     fn embed(
         &self,
         request_id: u64,
-        inputs: &[&str],
+        inputs: EmbedInputs<'_>,
         normalize: bool,
         on_embedding: &mut dyn FnMut(usize, &[f32]) -> bool,
     ) -> Result<u32, CallError>;
@@ -116,11 +117,11 @@ impl Engine for PluginEngine {
     fn embed(
         &self,
         request_id: u64,
-        inputs: &[&str],
+        inputs: EmbedInputs<'_>,
         normalize: bool,
         on_embedding: &mut dyn FnMut(usize, &[f32]) -> bool,
     ) -> Result<u32, CallError> {
-        self.instance.embed(request_id, &self.model_id, inputs, normalize, on_embedding)
+        self.instance.embed_inputs(request_id, &self.model_id, inputs, normalize, on_embedding)
     }
 
     fn cancel(&self, request_id: u64) {

@@ -28,17 +28,24 @@ pub struct Prompt {
     /// What the answer must be, when rendering the prompt decided it (a forced tool call's
     /// grammar); it becomes the request's `Sampling::constraint`.
     pub constraint: Option<Constraint>,
+    /// The prompt as token ids, used as given (`text` is then empty).
+    pub tokens: Option<Vec<u32>>,
 }
 
 impl Prompt {
     /// A prompt rendered by a chat template (which writes any BOS itself).
     pub fn rendered(text: String) -> Self {
-        Prompt { text, add_bos: false, parse_special: true, constraint: None }
+        Prompt { text, add_bos: false, parse_special: true, constraint: None, tokens: None }
     }
 
     /// A raw prompt, as llama-server takes it: the model's BOS, and special tokens honoured.
     pub fn raw(text: String) -> Self {
-        Prompt { text, add_bos: true, parse_special: true, constraint: None }
+        Prompt { text, add_bos: true, parse_special: true, constraint: None, tokens: None }
+    }
+
+    /// A prompt given as token ids (OpenAI's arrays of integers): the engine reads them as they are.
+    pub fn tokens(ids: Vec<u32>) -> Self {
+        Prompt { text: String::new(), add_bos: false, parse_special: false, constraint: None, tokens: Some(ids) }
     }
 }
 
@@ -98,6 +105,9 @@ static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Prompt tokens as the engine counts them (for the context check before admission).
 pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u32, NodeError> {
+    if let Some(ids) = &prompt.tokens {
+        return Ok(ids.len() as u32);
+    }
     let model = model.clone();
     let prompt = prompt.clone();
     tokio::task::spawn_blocking(move || model.engine.tokenize(&prompt.text, prompt.add_bos, prompt.parse_special))
@@ -110,7 +120,7 @@ pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u
 /// The settings besides the prompt text that decide a greedy output, for the cache key.
 fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
     format!(
-        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?}",
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?} tokens={:?}",
         s.max_tokens,
         s.top_k,
         s.top_p,
@@ -121,7 +131,8 @@ fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
         s.stop,
         prompt.add_bos,
         prompt.parse_special,
-        s.constraint
+        s.constraint,
+        prompt.tokens
     )
 }
 
@@ -181,9 +192,11 @@ fn start(
         let _permit = permit;
         let model = engine_model;
         let GenerationInput { prompt, sampling, endpoint, arrived } = input;
+        let ids: Option<Vec<i32>> = prompt.tokens.as_ref().map(|t| t.iter().map(|&id| id as i32).collect());
         let params = InferParams {
             parse_special: prompt.parse_special,
             add_bos: prompt.add_bos,
+            prompt_tokens: ids.as_deref(),
             ..InferParams::new(request_id, &model.name, &prompt.text, sampling)
         };
         let want_logprobs = params.sampling.logprobs.is_some();

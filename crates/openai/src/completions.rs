@@ -2,6 +2,7 @@
 
 use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
+use crate::embeddings::token_ids;
 use crate::sampling::{Sampling, SamplingWire, StopWire};
 use crate::{output_constraint, ApiError};
 use serde::{Deserialize, Serialize};
@@ -70,7 +71,10 @@ pub enum PromptWire {
 #[derive(Debug, Clone)]
 pub struct TextCompletionRequest {
     pub model: String,
+    /// Empty when the prompt came as token ids.
     pub prompt: String,
+    /// The prompt as token ids of the model's vocabulary (OpenAI accepts them).
+    pub prompt_tokens: Option<Vec<u32>>,
     pub sampling: Sampling,
     pub echo: bool,
     pub stream: bool,
@@ -84,21 +88,23 @@ impl CompletionRequest {
         if self.model.trim().is_empty() {
             return Err(ApiError::invalid("model", "must not be empty"));
         }
-        let prompt = match self.prompt {
-            PromptWire::Text(t) => t,
-            PromptWire::Texts(mut v) if v.len() == 1 => v.remove(0),
-            PromptWire::Texts(v) => {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    format!("{} prompts were sent; one per request is supported", v.len()),
-                ))
+        let several =
+            |n: usize| ApiError::invalid("prompt", format!("{n} prompts were sent; one per request is supported"));
+        let (prompt, prompt_tokens) = match self.prompt {
+            PromptWire::Text(t) => (t, None),
+            PromptWire::Texts(mut v) if v.len() == 1 => (v.remove(0), None),
+            PromptWire::Texts(v) => return Err(several(v.len())),
+            PromptWire::Tokens(ids) => (String::new(), Some(token_ids(ids, "prompt")?)),
+            PromptWire::TokenLists(mut lists) if lists.len() == 1 => {
+                (String::new(), Some(token_ids(lists.remove(0), "prompt[0]")?))
             }
-            PromptWire::Tokens(_) | PromptWire::TokenLists(_) => {
-                return Err(ApiError::invalid("prompt", "token-id prompts are not supported; send text"))
-            }
+            PromptWire::TokenLists(lists) => return Err(several(lists.len())),
         };
-        if prompt.trim().is_empty() {
+        if prompt_tokens.is_none() && prompt.trim().is_empty() {
             return Err(ApiError::invalid("prompt", "must not be empty or whitespace only"));
+        }
+        if prompt_tokens.is_some() && self.echo == Some(true) {
+            return Err(ApiError::invalid("echo", "needs a text prompt (the prompt came as token ids)"));
         }
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(ApiError::invalid("suffix", "is not supported"));
@@ -135,6 +141,7 @@ impl CompletionRequest {
         Ok(TextCompletionRequest {
             model: self.model,
             prompt,
+            prompt_tokens,
             sampling,
             echo: self.echo.unwrap_or(false),
             stream,
@@ -205,10 +212,16 @@ mod tests {
         let r = req(r#"{"model":"m","prompt":"Once"}"#).unwrap();
         assert_eq!(r.sampling.max_tokens, Some(DEFAULT_COMPLETION_MAX_TOKENS));
         assert_eq!(req(r#"{"model":"m","prompt":["Once"]}"#).unwrap().prompt, "Once");
+        assert_eq!(req(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap().prompt_tokens, Some(vec![1, 2, 3]));
+        assert_eq!(req(r#"{"model":"m","prompt":[[7]]}"#).unwrap().prompt_tokens, Some(vec![7]));
         for (json, param) in [
             (r#"{"model":"m","prompt":"   "}"#, "prompt"),
             (r#"{"model":"m","prompt":""}"#, "prompt"),
             (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
+            (r#"{"model":"m","prompt":[[1],[2]]}"#, "prompt"),
+            (r#"{"model":"m","prompt":[1,-2]}"#, "prompt[1]"),
+            (r#"{"model":"m","prompt":[]}"#, "prompt"),
+            (r#"{"model":"m","prompt":[1],"echo":true}"#, "echo"),
             (r#"{"model":"m","prompt":"x","logprobs":9}"#, "logprobs"),
             (r#"{"model":"m","prompt":"x","top_p":1.5}"#, "top_p"),
         ] {

@@ -34,12 +34,47 @@ pub enum EncodingFormat {
     Base64,
 }
 
+/// What to embed: texts, or token ids of the model's vocabulary (OpenAI accepts both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmbedInputs {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+impl EmbedInputs {
+    pub fn len(&self) -> usize {
+        match self {
+            EmbedInputs::Texts(v) => v.len(),
+            EmbedInputs::Tokens(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EmbedRequest {
     pub model: String,
-    pub inputs: Vec<String>,
+    pub inputs: EmbedInputs,
     pub format: EncodingFormat,
     pub dimensions: Option<usize>,
+}
+
+/// Token ids from the wire: not empty, each a vocabulary index (whether the model has it is the
+/// node's check, which knows the vocabulary).
+pub(crate) fn token_ids(ids: Vec<i64>, param: &str) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::invalid(param, "must not be an empty list of token ids"));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            u32::try_from(id)
+                .map_err(|_| ApiError::invalid(&format!("{param}[{i}]"), format!("{id} is not a token id")))
+        })
+        .collect()
 }
 
 impl EmbeddingRequest {
@@ -48,20 +83,27 @@ impl EmbeddingRequest {
             return Err(ApiError::invalid("model", "must not be empty"));
         }
         let inputs = match self.input {
-            EmbeddingInput::Text(t) => vec![t],
-            EmbeddingInput::Texts(v) => v,
-            EmbeddingInput::Tokens(_) | EmbeddingInput::TokenLists(_) => {
-                return Err(ApiError::invalid("input", "token-id inputs are not supported; send text"))
-            }
+            EmbeddingInput::Text(t) => EmbedInputs::Texts(vec![t]),
+            EmbeddingInput::Texts(v) => EmbedInputs::Texts(v),
+            EmbeddingInput::Tokens(ids) => EmbedInputs::Tokens(vec![token_ids(ids, "input")?]),
+            EmbeddingInput::TokenLists(lists) => EmbedInputs::Tokens(
+                lists
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, ids)| token_ids(ids, &format!("input[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            ),
         };
         if inputs.is_empty() {
-            return Err(ApiError::invalid("input", "must contain at least one string"));
+            return Err(ApiError::invalid("input", "must contain at least one input"));
         }
         if inputs.len() > MAX_EMBEDDING_INPUTS {
             return Err(ApiError::invalid("input", format!("at most {MAX_EMBEDDING_INPUTS} inputs per request")));
         }
-        if let Some(i) = inputs.iter().position(|s| s.trim().is_empty()) {
-            return Err(ApiError::invalid(&format!("input[{i}]"), "must not be empty or whitespace only"));
+        if let EmbedInputs::Texts(texts) = &inputs {
+            if let Some(i) = texts.iter().position(|s| s.trim().is_empty()) {
+                return Err(ApiError::invalid(&format!("input[{i}]"), "must not be empty or whitespace only"));
+            }
         }
         let format = match self.encoding_format.as_deref() {
             None | Some("float") => EncodingFormat::Float,
@@ -138,6 +180,18 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("input[1]"));
         let e = parse_body::<EmbeddingRequest>(br#"{"model":"m","input":[]}"#).unwrap().validate().unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input"));
+        // Token ids: one list or several; each id a vocabulary index.
+        let tokens = |json: &[u8]| parse_body::<EmbeddingRequest>(json).unwrap().validate();
+        assert_eq!(
+            tokens(br#"{"model":"m","input":[12,34]}"#).unwrap().inputs,
+            EmbedInputs::Tokens(vec![vec![12, 34]])
+        );
+        assert_eq!(
+            tokens(br#"{"model":"m","input":[[1],[2,3]]}"#).unwrap().inputs,
+            EmbedInputs::Tokens(vec![vec![1], vec![2, 3]])
+        );
+        assert_eq!(tokens(br#"{"model":"m","input":[[1],[2,-3]]}"#).unwrap_err().param.as_deref(), Some("input[1][1]"));
+        assert_eq!(tokens(br#"{"model":"m","input":[[1],[]]}"#).unwrap_err().param.as_deref(), Some("input[1]"));
         match EmbeddingValue::encode(vec![1.0, -2.0], EncodingFormat::Base64) {
             EmbeddingValue::Base64(s) => {
                 let bytes = base64::engine::general_purpose::STANDARD.decode(s).unwrap();

@@ -49,7 +49,10 @@ fn response_format_constraint(format: Option<&Value>) -> Result<Option<Constrain
         },
         "json_schema" => {
             let Some(spec) = obj.get("json_schema") else {
-                return Err(ApiError::invalid("response_format.json_schema", "is required when `type` is `json_schema`"));
+                return Err(ApiError::invalid(
+                    "response_format.json_schema",
+                    "is required when `type` is `json_schema`",
+                ));
             };
             let Some(spec) = spec.as_object() else {
                 return Err(ApiError::invalid("response_format.json_schema", "must be an object"));

@@ -1,5 +1,6 @@
 //! What a router is started with.
 
+use crate::cors::CorsOrigins;
 use crate::keys::Scope;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +23,8 @@ pub struct RouterConfig {
     /// Process-only keys (secret, name, scopes), e.g. `llmr serve --api-key` and the embedded
     /// node's token.
     pub fixed_keys: Vec<(String, String, Vec<Scope>)>,
+    /// Web pages allowed to call the API from a browser.
+    pub cors: CorsOrigins,
 }
 
 impl RouterConfig {
@@ -36,6 +39,7 @@ impl RouterConfig {
             hub_endpoint: llmr_hub::endpoint_from_env(),
             hf_token: llmr_hub::token_from_env(),
             fixed_keys: Vec::new(),
+            cors: CorsOrigins::Loopback,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod auth;
 pub mod balance;
 pub mod config;
+pub mod cors;
 pub mod db;
 pub mod gateway;
 pub mod keys;
@@ -24,6 +25,7 @@ pub mod server;
 pub mod state;
 
 pub use config::RouterConfig;
+pub use cors::CorsOrigins;
 pub use keys::{KeyRing, Scope};
 pub use server::Router;
 pub use state::{EmbeddedNode, RouterState};

@@ -67,6 +67,8 @@ impl Router {
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .layer(DefaultBodyLimit::max(s.config.body_limit))
+            // Outside authentication: a browser's preflight carries no key.
+            .layer(s.config.cors.layer())
             // Outermost, so every answer (fallbacks and auth refusals too) carries `x-request-id`.
             .layer(request_id::RequestIdLayer)
             .with_state(s)

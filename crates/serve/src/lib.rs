@@ -22,6 +22,7 @@ mod serve;
 pub mod settings;
 
 pub use error::{BoxError, Error};
+pub use llmr_router::CorsOrigins;
 pub use net::{bind, is_loopback};
 pub use node::{ClusterNode, ClusterNodeConfig};
 pub use serve::{Serve, ServeConfig, DEFAULT_MODEL};

@@ -9,7 +9,7 @@ use crate::settings::check_exposure;
 use crate::{finished, rest_of, Error, STOP_GRACE};
 use llmr_node::agent::{new_secret, Agent, AgentConfig, AgentError, Backoff};
 use llmr_node::{Node, NodeConfig};
-use llmr_router::{EmbeddedNode, Router, RouterConfig, RouterState, Scope};
+use llmr_router::{CorsOrigins, EmbeddedNode, Router, RouterConfig, RouterState, Scope};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +34,8 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// Accept a non-loopback address without an API key.
     pub no_auth: bool,
+    /// Web pages allowed to call the API from a browser.
+    pub cors: CorsOrigins,
     /// The embedded node with its models; its key is the secret made at start.
     pub node: NodeConfig,
     /// Where models registered at the router are fetched to.
@@ -79,6 +81,7 @@ impl Serve {
         router_config.heartbeat_interval = Duration::from_secs(2);
         router_config.heartbeat_timeout = Duration::from_secs(15);
         router_config.body_limit = config.node.body_limit;
+        router_config.cors = config.cors;
         router_config.fixed_keys.push((node_token.clone(), "embedded node".into(), vec![Scope::Node]));
         if let Some(key) = api_key {
             router_config.fixed_keys.push((key, "llmr serve --api-key".into(), vec![Scope::Api, Scope::Admin]));

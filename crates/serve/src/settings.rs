@@ -17,6 +17,7 @@ use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
 use llmr_node::NodeConfig;
+use llmr_router::CorsOrigins;
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -120,6 +121,10 @@ pub struct ServeSettings {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub no_auth: bool,
+    /// Web pages allowed to call the API from a browser: exact origins
+    /// (`https://app.example.com`), or `*` for any. Default: pages served from this machine.
+    #[arg(long, env = "LLMR_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Option<Vec<String>>,
     /// A model to serve: a store name, a GGUF path, a safetensors model folder, or ALIAS=PATH.
     /// Repeatable; default: the whole store. The first one is preloaded.
     #[arg(long = "model", short = 'm', env = "LLMR_MODEL", value_delimiter = ',')]
@@ -141,6 +146,8 @@ impl ServeSettings {
         let port = self.port.unwrap_or(8080);
         let api_key = self.api_key.filter(|k| !k.is_empty());
         check_exposure(&host, api_key.as_deref(), self.no_auth)?;
+        let cors = CorsOrigins::parse(&self.cors_origins.unwrap_or_default())
+            .map_err(|message| Error::Setting { name: "--cors-origins", message })?;
         let store = ModelStore::open(&store_root).map_err(|e| Error::Store(e.into()))?;
         let specs = self.models.unwrap_or_default();
         let models: Vec<ModelDescriptor> = if specs.is_empty() {
@@ -161,6 +168,7 @@ impl ServeSettings {
             port,
             api_key,
             no_auth: self.no_auth,
+            cors,
             node: NodeConfig { models, ..node_config },
             store: store_root,
             scan_store: specs.is_empty(),
@@ -404,6 +412,7 @@ mod tests {
             "port",
             "api_key",
             "no_auth",
+            "cors_origins",
             "models",
             "default_model",
             "store",

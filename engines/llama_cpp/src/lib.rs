@@ -14,11 +14,13 @@ mod settings;
 
 use llama_cpp_2::context::params::LlamaPoolingType;
 use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
 use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
-    abi, export_engine, serde_json, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine,
-    EngineConfig, EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
+    abi, checked_token_ids, export_engine, serde_json, Capability, Constraint, EmbedOutcome, EmbedRequest,
+    EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc,
+    ModelInfo, TokenSink,
 };
 use llmr_kv_policy::Level;
 use model::ModelMeta;
@@ -137,7 +139,13 @@ impl LlamaCppEngine {
         cancel: Arc<AtomicBool>,
     ) -> Result<InferOutcome, EngineError> {
         let ctx_per_seq = m.settings.lock().unwrap().ctx_per_seq as usize;
-        let tokens = model::tokenize(&m.model, req.prompt, req.add_bos, req.parse_special);
+        let tokens = match req.prompt_tokens {
+            Some(ids) => checked_token_ids(ids, m.meta.n_vocab.max(0) as usize, "prompt_tokens")?
+                .into_iter()
+                .map(|id| LlamaToken(id as i32))
+                .collect(),
+            None => model::tokenize(&m.model, req.prompt, req.add_bos, req.parse_special),
+        };
         if tokens.is_empty() {
             return Err(EngineError::new(ErrorCode::Unsupported, "the prompt is empty"));
         }
@@ -174,7 +182,10 @@ impl Engine for LlamaCppEngine {
         static INFO: EngineInfo = EngineInfo {
             engine_id: c"llama_cpp",
             version: c"0.1.0",
-            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING | abi::LLMR_CAP_CONSTRAINED,
+            capabilities: abi::LLMR_CAP_TEXT
+                | abi::LLMR_CAP_EMBEDDING
+                | abi::LLMR_CAP_CONSTRAINED
+                | abi::LLMR_CAP_TOKEN_INPUT,
         };
         &INFO
     }
@@ -346,7 +357,17 @@ impl Engine for LlamaCppEngine {
     fn embed(&self, req: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
         let m = self.model(req.model_id)?;
         self.embedder(&m)?;
-        let inputs: Vec<_> = req.inputs.iter().map(|t| model::tokenize(&m.model, t, true, false)).collect();
+        let inputs: Vec<Vec<LlamaToken>> = match &req.token_inputs {
+            Some(lists) => lists
+                .iter()
+                .enumerate()
+                .map(|(i, ids)| {
+                    let ids = checked_token_ids(ids, m.meta.n_vocab.max(0) as usize, &format!("token_inputs[{i}]"))?;
+                    Ok(ids.into_iter().map(|id| LlamaToken(id as i32)).collect())
+                })
+                .collect::<Result<_, EngineError>>()?,
+            None => req.inputs.iter().map(|t| model::tokenize(&m.model, t, true, false)).collect(),
+        };
         if let Some(i) = inputs.iter().position(|t| t.is_empty()) {
             return Err(EngineError::new(ErrorCode::Unsupported, format!("input {i} is empty")));
         }
@@ -405,6 +426,8 @@ impl Engine for LlamaCppEngine {
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
                     "prefix_cache_restored_total": get(&s.prefix_cache_restored_total),
                     "kv_cache_type": settings.kv_type.name(),
+                    "constrained_tokens_total": get(&s.constrained_tokens_total),
+                    "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,
                 })
             })
             .collect();

@@ -11,6 +11,7 @@ use llama_cpp_2::token::LlamaToken;
 use llmr_constraint::TokenMask;
 use llmr_engine_sdk::Sampling;
 use llmr_sampling::{is_greedy, random_seed, Direct, Sampler, PENALTY_LAST_N};
+use std::time::{Duration, Instant};
 
 pub enum TokenSampler {
     Direct(Direct),
@@ -24,13 +25,29 @@ pub struct Masked {
     sampler: Sampler,
     logits: Vec<f32>,
     history: Vec<u32>,
+    /// Time the mask took since `take_mask_time` last read it.
+    spent: Duration,
 }
 
 impl TokenSampler {
+    /// For a constrained request, the time its mask took since the last call.
+    pub fn take_mask_time(&mut self) -> Option<Duration> {
+        match self {
+            Self::Masked(m) => Some(std::mem::take(&mut m.spent)),
+            _ => None,
+        }
+    }
+
     pub fn new(p: &Sampling, n_vocab: i32, mask: Option<TokenMask>) -> Self {
         if let Some(mask) = mask {
             let sampler = Sampler::new(p, n_vocab.max(0) as usize);
-            return Self::Masked(Box::new(Masked { mask, sampler, logits: Vec::new(), history: Vec::new() }));
+            return Self::Masked(Box::new(Masked {
+                mask,
+                sampler,
+                logits: Vec::new(),
+                history: Vec::new(),
+                spent: Duration::ZERO,
+            }));
         }
         if let Some(direct) = Direct::for_settings(p) {
             return Self::Direct(direct);
@@ -73,12 +90,16 @@ impl TokenSampler {
             Self::Direct(d) => Ok(LlamaToken(d.sample(ctx.get_logits_ith(idx)) as i32)),
             Self::Chain(s) => Ok(s.sample(ctx, idx)),
             Self::Masked(m) => {
+                let started = Instant::now();
                 m.mask.apply(ctx.get_logits_ith(idx), &mut m.logits)?;
+                m.spent += started.elapsed();
                 let recent = &history[history.len().saturating_sub(PENALTY_LAST_N)..];
                 m.history.clear();
                 m.history.extend(recent.iter().map(|t| t.0 as u32));
                 let token = m.sampler.sample(&m.logits, &m.history);
+                let started = Instant::now();
                 m.mask.accept(token)?;
+                m.spent += started.elapsed();
                 Ok(LlamaToken(token as i32))
             }
         }

@@ -62,6 +62,9 @@ pub struct Stats {
     pub prompt_tokens_total: AtomicU64,
     pub cached_tokens_total: AtomicU64,
     pub tokens_generated_total: AtomicU64,
+    /// Tokens drawn under a grammar, and the time their masks took.
+    pub constrained_tokens_total: AtomicU64,
+    pub constraint_ns_total: AtomicU64,
     pub kv_cells_used: AtomicU64,
     pub kv_cells_total: AtomicU64,
     pub decode_steps_total: AtomicU64,
@@ -516,6 +519,10 @@ impl<'m> Scheduler<'m> {
             Ok(token) => token,
             Err(e) => return self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}"))),
         };
+        if let Some(spent) = a.sampler.take_mask_time() {
+            self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
+            self.stats.constraint_ns_total.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+        }
         let now = Instant::now();
         a.first_token.get_or_insert(now);
         a.generated += 1;

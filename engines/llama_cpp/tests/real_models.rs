@@ -642,3 +642,38 @@ fn constrained_answers_follow_their_schema_greedy_and_sampled() {
     assert_eq!(err.status, EngineStatus::Unsupported, "{}", err.message);
     assert!(err.message.contains("missing_rule"), "{}", err.message);
 }
+
+#[test]
+fn prompts_and_embedding_inputs_given_as_token_ids_read_as_their_text_does() {
+    // Its own instance: llama.cpp's numerics depend on what shares a batch.
+    let e = private_engine(2);
+    let ids = e.tokenize("smollm2", CHAT, true, true).unwrap();
+    let (from_text, _, _) = generate_on(&e, &greedy(920, CHAT, 12));
+    let mut p = greedy(921, "", 12);
+    p.prompt_tokens = Some(&ids);
+    let (from_ids, _, res) = generate_on(&e, &p);
+    assert_eq!((from_ids.as_str(), res.prompt_tokens as usize), (from_text.as_str(), ids.len()));
+    let outside = [ids[0], -1];
+    p.prompt_tokens = Some(&outside);
+    let err = e.infer(&p, |_| true).unwrap_err();
+    assert_eq!(err.status, EngineStatus::Unsupported);
+    assert!(err.message.contains("prompt_tokens[1]"), "{}", err.message);
+
+    let text = "The capital of France is Paris.";
+    let ids = e.tokenize("minilm", text, true, false).unwrap();
+    let mut by_text = Vec::new();
+    e.embed(922, "minilm", &[text], true, |_, v| {
+        by_text = v.to_vec();
+        true
+    })
+    .unwrap();
+    let mut by_ids = Vec::new();
+    let counted = e
+        .embed_inputs(923, "minilm", llmr_engine_host::EmbedInputs::Tokens(&[&ids]), true, |_, v| {
+            by_ids = v.to_vec();
+            true
+        })
+        .unwrap();
+    assert_eq!(counted as usize, ids.len());
+    assert_eq!(by_text, by_ids, "the same tokens, the same vector");
+}

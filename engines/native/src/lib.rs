@@ -28,8 +28,8 @@ use kv_cache::{KvPool, Shape, BLOCK_TOKENS};
 use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
-    abi, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig, EngineError,
-    EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
+    abi, checked_token_ids, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
+    EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
 };
 use llmr_kv_policy::KvPolicy;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
@@ -122,10 +122,13 @@ impl NativeEngine {
         sink: &mut TokenSink,
         cancel: Arc<AtomicBool>,
     ) -> Result<InferOutcome, EngineError> {
-        let tokens = m
-            .tokenizer
-            .encode(req.prompt, req.add_bos, req.parse_special)
-            .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize the prompt: {e}")))?;
+        let tokens = match req.prompt_tokens {
+            Some(ids) => checked_token_ids(ids, m.config.vocab, "prompt_tokens")?,
+            None => m
+                .tokenizer
+                .encode(req.prompt, req.add_bos, req.parse_special)
+                .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize the prompt: {e}")))?,
+        };
         let ctx = m.ctx_per_seq as usize;
         if tokens.is_empty() {
             return Err(EngineError::new(ErrorCode::Unsupported, "the prompt is empty"));
@@ -206,7 +209,10 @@ impl Engine for NativeEngine {
         static INFO: EngineInfo = EngineInfo {
             engine_id: c"native",
             version: c"0.1.0",
-            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING | abi::LLMR_CAP_CONSTRAINED,
+            capabilities: abi::LLMR_CAP_TEXT
+                | abi::LLMR_CAP_EMBEDDING
+                | abi::LLMR_CAP_CONSTRAINED
+                | abi::LLMR_CAP_TOKEN_INPUT,
         };
         &INFO
     }
@@ -390,12 +396,16 @@ impl Engine for NativeEngine {
     fn embed(&self, req: &EmbedRequest<'_>, sink: &mut EmbeddingSink) -> Result<EmbedOutcome, EngineError> {
         let m = self.model(req.model_id)?;
         let ctx = m.ctx_per_seq as usize;
-        let mut inputs = Vec::with_capacity(req.inputs.len());
-        for (i, text) in req.inputs.iter().enumerate() {
-            let tokens = m
-                .tokenizer
-                .encode_with_special(text)
-                .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize input {i}: {e}")))?;
+        let count = req.token_inputs.as_ref().map_or(req.inputs.len(), Vec::len);
+        let mut inputs = Vec::with_capacity(count);
+        for i in 0..count {
+            let tokens = match &req.token_inputs {
+                Some(lists) => checked_token_ids(lists[i], m.config.vocab, &format!("token_inputs[{i}]"))?,
+                None => m
+                    .tokenizer
+                    .encode_with_special(req.inputs[i])
+                    .map_err(|e| EngineError::new(ErrorCode::Unsupported, format!("cannot tokenize input {i}: {e}")))?,
+            };
             if tokens.is_empty() {
                 return Err(EngineError::new(ErrorCode::Unsupported, format!("input {i} is empty")));
             }
@@ -499,6 +509,8 @@ impl Engine for NativeEngine {
                     "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,
                     "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),
                     "policy_errors_total": get(&s.policy_errors_total),
+                    "constrained_tokens_total": get(&s.constrained_tokens_total),
+                    "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,
                 })
             })
             .collect();

@@ -83,6 +83,10 @@ pub struct Stats {
     pub policy_blocks_changed_total: AtomicU64,
     /// Panics in the policy path, each followed by the baseline policy.
     pub policy_errors_total: AtomicU64,
+    /// Tokens drawn under a grammar, and the time their masks took (computing, applying,
+    /// following the drawn token).
+    pub constrained_tokens_total: AtomicU64,
+    pub constraint_ns_total: AtomicU64,
 }
 
 /// How a model's worker runs.
@@ -422,8 +426,16 @@ impl Scheduler {
             Some(mask) => {
                 // Only constrained sequences pay for a copy of their logits and the mask.
                 let masked = &mut self.masked;
-                let token = mask.apply(logits, masked).map(|()| r.sampler.sample(masked, &r.tokens));
-                match token.and_then(|t| mask.accept(t).map(|()| t)) {
+                let started = Instant::now();
+                let applied = mask.apply(logits, masked);
+                let mut spent = started.elapsed();
+                let token = applied.map(|()| r.sampler.sample(masked, &r.tokens));
+                let started = Instant::now();
+                let accepted = token.and_then(|t| mask.accept(t).map(|()| t));
+                spent += started.elapsed();
+                self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
+                self.stats.constraint_ns_total.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+                match accepted {
                     Ok(t) => t,
                     Err(e) => {
                         self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}")));

@@ -47,7 +47,11 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 offset: echo.len(),
                 echo,
             };
-            Ok((Prompt::raw(req.prompt.clone()), encoder))
+            let prompt = match &req.prompt_tokens {
+                Some(ids) => Prompt::tokens(ids.clone()),
+                None => Prompt::raw(req.prompt.clone()),
+            };
+            Ok((prompt, encoder))
         })
         .await
     })

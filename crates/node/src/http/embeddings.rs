@@ -9,8 +9,10 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use llmr_engine_host::Capability;
-use llmr_openai::{ApiError, EmbeddingList, EmbeddingObject, EmbeddingRequest, EmbeddingUsage, EmbeddingValue};
+use llmr_engine_host::{Capability, EmbedInputs as HostInputs, EngineStatus};
+use llmr_openai::{
+    ApiError, EmbedInputs, EmbeddingList, EmbeddingObject, EmbeddingRequest, EmbeddingUsage, EmbeddingValue,
+};
 use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -27,15 +29,28 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
         // Counted once the model is known: request JSON must not create metric series.
         metrics::counter!(m::REQUESTS, "endpoint" => ENDPOINT, "model" => model.name.clone()).increment(1);
         model.require(Capability::Embedding)?;
+        if let (EmbedInputs::Tokens(lists), Some(vocab)) = (&req.inputs, model.engine.info().vocab_size) {
+            for (i, ids) in lists.iter().enumerate() {
+                pipeline::check_vocabulary(ids, vocab, &format!("input[{i}]"))?;
+            }
+        }
         let permit = model.admission.admit().await?;
         let request_id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let tokens = matches!(req.inputs, EmbedInputs::Tokens(_));
         let inputs = req.inputs.clone();
         let engine_model = model.clone();
         let (vectors, prompt_tokens) = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-            let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); refs.len()];
-            let tokens = engine_model.engine.embed(request_id, &refs, true, &mut |i, v| {
+            let (texts, ids): (Vec<&str>, Vec<Vec<i32>>) = match &inputs {
+                EmbedInputs::Texts(t) => (t.iter().map(String::as_str).collect(), Vec::new()),
+                EmbedInputs::Tokens(lists) => {
+                    (Vec::new(), lists.iter().map(|l| l.iter().map(|&id| id as i32).collect()).collect())
+                }
+            };
+            let id_refs: Vec<&[i32]> = ids.iter().map(Vec::as_slice).collect();
+            let engine_inputs = if tokens { HostInputs::Tokens(&id_refs) } else { HostInputs::Texts(&texts) };
+            let mut vectors: Vec<Vec<f32>> = vec![Vec::new(); inputs.len()];
+            let tokens = engine_model.engine.embed(request_id, engine_inputs, true, &mut |i, v| {
                 if let Some(slot) = vectors.get_mut(i) {
                     *slot = v.to_vec();
                 }
@@ -44,7 +59,14 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             Ok::<_, NodeError>((vectors, tokens))
         })
         .await
-        .map_err(|e| NodeError::Internal(format!("embedding panicked: {e}")))??;
+        .map_err(|e| NodeError::Internal(format!("embedding panicked: {e}")))?
+        .map_err(|e| match e {
+            // Token ids the engine cannot take (it has no token input) are the client's to change.
+            NodeError::Engine(c) if c.status == EngineStatus::Unsupported && tokens => {
+                ApiError::invalid("input", format!("the model's engine cannot take it: {}", c.message))
+            }
+            e => e.into(),
+        })?;
         let mut data = Vec::with_capacity(vectors.len());
         for (i, mut v) in vectors.into_iter().enumerate() {
             if let Some(d) = req.dimensions {

@@ -102,15 +102,21 @@ where
     metrics::counter!(m::REQUESTS, "endpoint" => req.endpoint, "model" => model.name.clone()).increment(1);
     let (mut prompt, encoder) = prepare(&model)?;
     let mut sampling = req.sampling;
-    let mut blame = Blame { constrained: sampling.constraint.is_some(), param: req.constraint_param };
+    let mut blame = Blame(sampling.constraint.is_some().then_some(req.constraint_param));
     if let Some(grammar) = prompt.constraint.take() {
         // A forced tool call's grammar, made of the request's tool schemas.
         sampling.constraint = Some(grammar);
-        blame = Blame { constrained: true, param: "tools" };
+        blame = Blame(Some("tools"));
+    }
+    if blame.0.is_none() && prompt.tokens.is_some() {
+        blame = Blame(Some(req.prompt_param));
     }
     let info = model.engine.info();
     if let Some(vocab) = info.vocab_size {
         sampling.check_top_k(vocab)?;
+    }
+    if let (Some(ids), Some(vocab)) = (&prompt.tokens, info.vocab_size) {
+        check_vocabulary(ids, vocab, req.prompt_param)?;
     }
     let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
     if let Some(context) = info.context_length {
@@ -125,22 +131,30 @@ where
     }
 }
 
-/// Who answers for an engine's refusal: an UNSUPPORTED engine error on a constrained request is
-/// the constraint's (the engine has no constrained decoding, or cannot compile this grammar):
-/// the client's to fix, so a 400 naming the field.
-#[derive(Clone, Copy)]
-struct Blame {
-    constrained: bool,
-    param: &'static str,
+/// Token ids given by the client must be the model's: a 400 naming the first that is not.
+pub fn check_vocabulary(ids: &[u32], vocab: u32, param: &str) -> Result<(), ApiError> {
+    match ids.iter().position(|&id| id >= vocab) {
+        Some(i) => Err(ApiError::invalid(
+            &format!("{param}[{i}]"),
+            format!("{} is not a token of this model (its vocabulary has {vocab})", ids[i]),
+        )),
+        None => Ok(()),
+    }
 }
+
+/// Who answers for an engine's refusal: an UNSUPPORTED engine error on a request with a
+/// constraint is the constraint's (the engine has no constrained decoding, or cannot compile this
+/// grammar), on one with token ids the prompt's: the client's to fix, so a 400 naming the field.
+#[derive(Clone, Copy)]
+struct Blame(Option<&'static str>);
 
 impl Blame {
     fn error(self, e: NodeError) -> ApiError {
-        match e {
-            NodeError::Engine(c) if self.constrained && c.status == EngineStatus::Unsupported => {
-                ApiError::invalid(self.param, format!("the model's engine cannot follow it: {}", c.message))
+        match (e, self.0) {
+            (NodeError::Engine(c), Some(param)) if c.status == EngineStatus::Unsupported => {
+                ApiError::invalid(param, format!("the model's engine cannot take it: {}", c.message))
             }
-            e => e.into(),
+            (e, _) => e.into(),
         }
     }
 }

@@ -216,6 +216,19 @@ async fn bad_requests_get_the_status_and_name_the_field() {
             Some("response_format.json_schema.schema"),
             None,
         ),
+        // Token ids for an engine without token input: the client's to change, on the field.
+        (
+            post("/v1/completions", json!({"model": "echo-errors", "prompt": [1, 2]})),
+            StatusCode::BAD_REQUEST,
+            Some("prompt"),
+            None,
+        ),
+        (
+            post("/v1/embeddings", json!({"model": "echo-errors", "input": [[1, 2]]})),
+            StatusCode::BAD_REQUEST,
+            Some("input"),
+            None,
+        ),
         (Request::get("/v1/chat/completions").body(Body::empty()).unwrap(), StatusCode::METHOD_NOT_ALLOWED, None, None),
         (Request::get("/v2/nothing").body(Body::empty()).unwrap(), StatusCode::NOT_FOUND, None, None),
     ];

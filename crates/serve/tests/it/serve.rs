@@ -2,7 +2,7 @@
 
 use crate::support::{echo_engines, serve_config};
 use llmr_node::NodeConfig;
-use llmr_serve::{ClusterNode, ClusterNodeConfig, Error, Serve, STOP_GRACE};
+use llmr_serve::{ClusterNode, ClusterNodeConfig, CorsOrigins, Error, Serve, STOP_GRACE};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -112,4 +112,65 @@ async fn a_cluster_node_registers_with_the_router_and_stops() {
     node.stop().await;
     serve.stop().await;
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+/// A browser's preflight and the request after it, from `origin`; the preflight's and the
+/// answer's `Access-Control-Allow-Origin`, and the answer's status.
+async fn from_browser(url: &str, origin: &str, key: Option<&str>) -> (Option<String>, Option<String>, u16, String) {
+    let http = reqwest::Client::new();
+    let preflight = http
+        .request(reqwest::Method::OPTIONS, format!("{url}/v1/chat/completions"))
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization,content-type,x-stainless-os")
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success(), "a preflight is answered before authentication: {}", preflight.status());
+    let allowed = |r: &reqwest::Response, h: &str| r.headers().get(h).map(|v| v.to_str().unwrap().to_owned());
+    let pre_origin = allowed(&preflight, "access-control-allow-origin");
+    if pre_origin.is_some() {
+        let headers = allowed(&preflight, "access-control-allow-headers").unwrap_or_default();
+        assert!(headers.contains("x-stainless-os") && headers.contains("authorization"), "{headers}");
+    }
+    let mut post =
+        http.post(format!("{url}/v1/chat/completions")).header("origin", origin).json(&chat("echo", "hi", json!({})));
+    if let Some(key) = key {
+        post = post.bearer_auth(key);
+    }
+    let resp = post.send().await.unwrap();
+    let origin_back = allowed(&resp, "access-control-allow-origin");
+    let exposed = allowed(&resp, "access-control-expose-headers").unwrap_or_default();
+    (pre_origin, origin_back, resp.status().as_u16(), exposed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_may_call_from_this_machines_pages_or_the_origins_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(serve_config(dir.path(), "echo", 0)).await.unwrap();
+    let url = format!("http://{}", serve.addr());
+    let local = "http://localhost:5173";
+    let (pre, back, status, exposed) = from_browser(&url, local, None).await;
+    assert_eq!((pre.as_deref(), back.as_deref(), status), (Some(local), Some(local), 200));
+    assert!(exposed.contains("x-request-id"), "{exposed}");
+    // A page elsewhere gets no permission: the browser withholds the answer from it.
+    let (pre, back, _, _) = from_browser(&url, "https://evil.example", None).await;
+    assert_eq!((pre, back), (None, None));
+    serve.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = serve_config(dir.path(), "echo", 0);
+    config.cors = CorsOrigins::parse(&["https://app.example.com".into()]).unwrap();
+    config.api_key = Some("sk-test".into());
+    let serve = Serve::start(config).await.unwrap();
+    let url = format!("http://{}", serve.addr());
+    let app = "https://app.example.com";
+    let (pre, back, status, _) = from_browser(&url, app, Some("sk-test")).await;
+    assert_eq!((pre.as_deref(), back.as_deref(), status), (Some(app), Some(app), 200));
+    // The key is still required, and the refusal is readable by the page.
+    let (_, back, status, _) = from_browser(&url, app, None).await;
+    assert_eq!((back.as_deref(), status), (Some(app), 401));
+    let (pre, _, _, _) = from_browser(&url, "http://localhost:5173", Some("sk-test")).await;
+    assert_eq!(pre, None, "named origins replace the loopback default");
+    serve.stop().await;
 }

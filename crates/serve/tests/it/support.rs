@@ -2,7 +2,7 @@
 
 use llmr_model_store::ModelDescriptor;
 use llmr_node::NodeConfig;
-use llmr_serve::ServeConfig;
+use llmr_serve::{CorsOrigins, ServeConfig};
 use std::path::Path;
 
 pub use llmr_testkit::echo_engines;
@@ -24,6 +24,7 @@ pub fn serve_config(dir: &Path, name: &str, delay_ms: u64) -> ServeConfig {
         port: 0,
         api_key: None,
         no_auth: false,
+        cors: CorsOrigins::Loopback,
         node: NodeConfig { engines_dir: engines, models: vec![model], cache_bytes: Some(0), ..NodeConfig::default() },
         store: dir.join("models"),
         scan_store: false,

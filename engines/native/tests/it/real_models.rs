@@ -2,7 +2,7 @@
 //! test models by `scripts/convert_gguf_hf.py`): real weights through the whole plugin.
 
 use crate::support::{cached_model, engine, spec};
-use llmr_engine_host::{EngineInstance, FinishReason, InferParams, InferResult, Sampling};
+use llmr_engine_host::{EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, Sampling};
 use std::sync::OnceLock;
 
 const CHAT: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
@@ -200,4 +200,39 @@ fn gemma3_completes_plain_text_sensibly_and_adds_bos_when_asked() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(alone, together);
+}
+
+#[test]
+fn prompts_and_embedding_inputs_given_as_token_ids_read_as_their_text_does() {
+    let e = shared();
+    let ids = e.tokenize("smollm2", CHAT, true, true).unwrap();
+    let (from_text, _, _) = run(e, &greedy(700, CHAT, 12));
+    let mut p = greedy(701, "", 12);
+    p.prompt_tokens = Some(&ids);
+    let (from_ids, _, res) = run(e, &p);
+    assert_eq!((from_ids.as_str(), res.prompt_tokens as usize), (from_text.as_str(), ids.len()));
+    let vocab = e.model_info("smollm2").unwrap().vocab_size.unwrap() as i32;
+    let outside = [ids[0], vocab];
+    p.prompt_tokens = Some(&outside);
+    let err = e.infer(&p, |_| true).unwrap_err();
+    assert_eq!(err.status, llmr_engine_host::EngineStatus::Unsupported);
+    assert!(err.message.contains("prompt_tokens[1]"), "{}", err.message);
+
+    let text = "The capital of France is Paris.";
+    let ids = e.tokenize("smollm2", text, true, false).unwrap();
+    let mut by_text = Vec::new();
+    e.embed(702, "smollm2", &[text], true, |_, v| {
+        by_text = v.to_vec();
+        true
+    })
+    .unwrap();
+    let mut by_ids = Vec::new();
+    let counted = e
+        .embed_inputs(703, "smollm2", EmbedInputs::Tokens(&[&ids]), true, |_, v| {
+            by_ids = v.to_vec();
+            true
+        })
+        .unwrap();
+    assert_eq!(counted as usize, ids.len());
+    assert_eq!(by_text, by_ids, "the same tokens, the same vector");
 }
