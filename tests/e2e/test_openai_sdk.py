@@ -433,6 +433,23 @@ def test_embeddings_batch(client):
     assert res.usage.prompt_tokens == res.usage.total_tokens > 0
 
 
+def test_token_id_inputs(client):
+    """OpenAI accepts token ids for embedding inputs and completion prompts; they are read as given."""
+    # MiniLM's ids of "[CLS] i like cats . [SEP]" (its tokenizer.json).
+    ids = [101, 1045, 2066, 8870, 1012, 102]
+    by_ids = client.embeddings.create(model="minilm", input=[ids], encoding_format="float")
+    by_text = client.embeddings.create(model="minilm", input=["I like cats."], encoding_format="float")
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == 6
+    cosine = sum(x * y for x, y in zip(by_ids.data[0].embedding, by_text.data[0].embedding))
+    assert cosine > 0.999, "the same tokens gave another vector"
+    # SmolLM2's ids of "The capital of France is".
+    res = client.completions.create(model="smollm2", prompt=[504, 3575, 282, 4649, 314], max_tokens=4, temperature=0)
+    assert res.usage.prompt_tokens == 5 and "Paris" in res.choices[0].text, res
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt=[504, 10**9], max_tokens=4)
+    assert err.value.body["param"] == "prompt[1]"
+
+
 # --- models --------------------------------------------------------------------------------------------
 
 

@@ -132,3 +132,14 @@ fn a_schema_that_admits_nothing_is_refused_when_compiled() {
         assert!(err.is_some(), "{schema} compiled");
     }
 }
+
+#[test]
+fn a_regex_feature_the_engine_lacks_is_an_error_not_a_hang() {
+    let (vocab, _) = vocabulary();
+    // Look-around and back-references have no finite-automaton form.
+    for schema in [r#"{"type": "string", "pattern": "(?=a)b"}"#, r#"{"type": "string", "pattern": "(a)\\1"}"#] {
+        let err = vocab.compile(&Constraint::JsonSchema(schema.into())).err();
+        assert!(err.is_some(), "{schema} compiled");
+    }
+    assert!(vocab.compile(&Constraint::Regex("(?<=a)b".into())).is_err());
+}

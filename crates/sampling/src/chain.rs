@@ -273,7 +273,15 @@ fn draw(c: &[Candidate], temperature: f32, rng: &mut fastrand::Rng, weights: &mu
     let max = c.iter().map(|x| x.logit).fold(f32::NEG_INFINITY, f32::max);
     let scale = 1.0 / temperature;
     weights.clear();
-    weights.extend(c.iter().map(|x| exp_nonpositive((x.logit - max) * scale)));
+    // A logit of minus infinity (masked by a grammar) weighs exactly nothing, not the fast
+    // `exp`'s 1e-38: a draw rounding past the last kept candidate must not land on it.
+    weights.extend(c.iter().map(|x| {
+        if x.logit == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp_nonpositive((x.logit - max) * scale)
+        }
+    }));
     let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
     if !(total.is_finite() && total > 0.0) {
         // Non-finite logits (a repeat penalty of 0 makes +inf): the best candidate.
@@ -313,6 +321,23 @@ mod tests {
         let mut ids: Vec<u32> = c.iter().map(|x| x.id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn masked_candidates_are_never_drawn() {
+        // A grammar's mask, through the chain (top-k wider than what the mask keeps, penalties).
+        let mut logits = vec![f32::NEG_INFINITY; 3000];
+        logits[10] = 0.3;
+        logits[2000] = -0.4;
+        let mut s = Sampler::new(&settings(|p| (p.top_k, p.repeat_penalty) = (Some(50), 1.2)), logits.len());
+        let mut weights = Vec::new();
+        let c = candidates(&logits);
+        let mut rng = fastrand::Rng::with_seed(9);
+        for _ in 0..5000 {
+            assert!(logits[draw(&c, 1.0, &mut rng, &mut weights)].is_finite());
+            assert!(logits[s.sample(&logits, &[10, 11]) as usize].is_finite());
+        }
+        assert!(weights.iter().zip(&c).all(|(&w, x)| (w > 0.0) == x.logit.is_finite()));
     }
 
     /// softmax(logits / t) over `kept`, 0 elsewhere.

@@ -151,7 +151,10 @@ unsafe fn weigh_avx2(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scrat
 
 pub struct TemperatureSampler {
     inv_temperature: f32,
-    /// Tokens whose logit is more than this far below the best are left out (ln(min_p); -inf: none).
+    /// Tokens whose logit is more than this far below the best are left out (ln(min_p); without
+    /// min-p the lowest finite gap, so that a logit of minus infinity, a token a grammar masked
+    /// out, weighs exactly nothing: the fast `exp` gives it about 1e-38, which a draw rounding
+    /// past the last kept token could land on).
     min_logit_gap: f32,
     /// Keep the most likely tokens up to this probability (1: all).
     top_p: f32,
@@ -164,7 +167,7 @@ impl TemperatureSampler {
         TemperatureSampler {
             inv_temperature: 1.0 / temperature,
             // llama.cpp's min_p compares raw logits, before the temperature: so does this.
-            min_logit_gap: if min_p > 0.0 { min_p.ln() } else { f32::NEG_INFINITY },
+            min_logit_gap: if min_p > 0.0 { min_p.ln() } else { f32::MIN },
             top_p,
             rng: fastrand::Rng::with_seed(seed),
             scratch: Scratch::default(),
@@ -230,6 +233,26 @@ mod tests {
         assert!(worst < 5e-6, "worst relative error {worst}");
         assert_eq!(exp_nonpositive(0.0), 1.0);
         assert!(exp_nonpositive(-1000.0) < 1e-37);
+    }
+
+    #[test]
+    fn masked_tokens_weigh_nothing() {
+        // A grammar's mask: a few tokens kept among many at minus infinity, with and without
+        // top-p and min-p.
+        let mut logits = vec![f32::NEG_INFINITY; 5000];
+        for (i, l) in [(7, 1.0f32), (300, 0.5), (4999, -2.0)] {
+            logits[i] = l;
+        }
+        for (top_p, min_p) in [(1.0, 0.0), (0.9, 0.0), (1.0, 0.05)] {
+            let mut s = TemperatureSampler::new(1.3, top_p, min_p, 3);
+            let (scale, gap) = (s.inv_temperature, s.min_logit_gap);
+            weigh(&logits, scale, gap, top_p, &mut s.scratch);
+            let kept: Vec<usize> = (0..logits.len()).filter(|&i| s.scratch.weights[i] > 0.0).collect();
+            assert!(kept.iter().all(|&i| logits[i].is_finite()), "{kept:?}");
+            for _ in 0..2000 {
+                assert!(logits[s.sample(&logits)].is_finite());
+            }
+        }
     }
 
     #[test]
