@@ -19,7 +19,9 @@ pub use instance::{
     TopLogprob,
 };
 pub use llmr_engine_abi as abi;
-pub use llmr_engine_types::{Capability, Constraint, Format, ModelInfo, Sampling, TokenLogprob};
+pub use llmr_engine_types::{
+    Capability, Constraint, Format, ModelInfo, Sampling, SamplingDefaults, TokenLogprob, UnsetSampling,
+};
 pub use manifest::{Dependency, GpuBackend, Manifest, ManifestError, KNOWN_FORMATS, KNOWN_MODALITIES, SPEC_RUNTIMES};
 pub use plugin::{Plugin, PluginInfo};
 pub use registry::{EngineRegistry, ModelRequirements, ResolveError};

@@ -26,7 +26,7 @@ pub mod worker;
 
 pub use error::{EngineError, ErrorCode};
 pub use llmr_engine_abi as abi;
-pub use llmr_engine_types::{Capability, Constraint, Format, ModelInfo, Sampling};
+pub use llmr_engine_types::{Capability, Constraint, Format, ModelInfo, Sampling, SamplingDefaults};
 pub use serde_json;
 pub use types::*;
 

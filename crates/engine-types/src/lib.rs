@@ -13,6 +13,7 @@ mod format;
 mod logprob;
 mod model_info;
 mod sampling;
+mod sampling_defaults;
 
 pub use capability::Capability;
 pub use constraint::Constraint;
@@ -20,3 +21,4 @@ pub use format::Format;
 pub use logprob::TokenLogprob;
 pub use model_info::ModelInfo;
 pub use sampling::Sampling;
+pub use sampling_defaults::{SamplingDefaults, UnsetSampling};

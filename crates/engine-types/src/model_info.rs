@@ -2,7 +2,7 @@
 //! this struct and the host reads it back into it, so no caller indexes the JSON by string keys.
 //! Every key is optional (the header says so); engine-specific keys are kept in `extra`.
 
-use crate::Capability;
+use crate::{Capability, SamplingDefaults};
 use serde::{Deserialize, Deserializer, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -36,6 +36,9 @@ pub struct ModelInfo {
     /// Requests the engine runs at once for this model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<u32>,
+    /// The sampling settings the model recommends, for what requests leave unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling_defaults: Option<SamplingDefaults>,
     /// What this model (not the engine) can do. Names this host does not know are dropped: it
     /// could not serve them anyway.
     #[serde(default, deserialize_with = "known_capabilities", skip_serializing_if = "Vec::is_empty")]

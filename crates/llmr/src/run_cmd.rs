@@ -103,6 +103,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             template_kwargs: Default::default(),
             constraint_param: "response_format",
             parallel_tool_calls: true,
+            unset: Default::default(),
         };
         let (prompt, _) = render_chat(&model, &request)?;
         let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };

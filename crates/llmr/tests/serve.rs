@@ -468,3 +468,30 @@ fn prompts_and_embedding_inputs_may_be_token_ids() {
         assert_eq!((status, e["error"]["param"].as_str()), (400, Some("input[1][0]")), "{e}");
     }
 }
+
+#[test]
+fn a_models_recommended_sampling_fills_what_a_request_leaves_unset() {
+    // SmolLM2's folder, recommending greedy decoding (its own ships no recommendation).
+    let hf = model_dir("smollm2-hf");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(hf.join(f), dir.path().join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink(hf.join("model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(dir.path().join("generation_config.json"), r#"{"eos_token_id": 2, "temperature": 0.0}"#).unwrap();
+    let s = serve(&["--cache-mib", "0", "--model", &format!("greedy={}", dir.path().display())]);
+    let ask = |extra: Value| {
+        let mut body = json!({"model": "greedy", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, answer) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+    };
+    let greedy = ask(json!({"temperature": 0}));
+    // No temperature: the model's 0, not OpenAI's 1 (unseeded, two answers at 1 would differ).
+    assert_eq!(ask(json!({})), greedy);
+    assert_eq!(ask(json!({})), greedy);
+    // A client's own temperature wins.
+    let hot: Vec<String> = (0..3).map(|seed| ask(json!({"temperature": 1.5, "seed": seed}))).collect();
+    assert!(hot.iter().any(|a| *a != greedy), "{hot:?}");
+}

@@ -2,7 +2,7 @@
 //! response and stream-chunk shapes.
 
 use crate::common::{Logprobs, StreamOptions, Usage};
-use crate::sampling::{Sampling, SamplingWire, StopWire};
+use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
 use crate::{output_constraint, ApiError};
 use serde::{Deserialize, Serialize};
 
@@ -222,6 +222,8 @@ pub struct ChatRequest {
     pub constraint_param: &'static str,
     /// Whether a forced call may be several (OpenAI's `parallel_tool_calls`, default true).
     pub parallel_tool_calls: bool,
+    /// The sampling settings left to the model's recommendations.
+    pub unset: UnsetSampling,
 }
 
 impl ChatCompletionRequest {
@@ -236,7 +238,7 @@ impl ChatCompletionRequest {
             (Some(m), _) => (Some(m), "max_completion_tokens"),
             (None, m) => (m, "max_tokens"),
         };
-        let mut sampling = SamplingWire {
+        let wire = SamplingWire {
             max_tokens,
             max_tokens_field: field,
             temperature: self.temperature,
@@ -249,8 +251,9 @@ impl ChatCompletionRequest {
             seed: self.seed,
             stop: self.stop,
             n: self.n,
-        }
-        .validate()?;
+        };
+        let unset = wire.unset();
+        let mut sampling = wire.validate()?;
         sampling.logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (_, Some(n)) if !(0..=20).contains(&n) => {
                 return Err(ApiError::invalid(
@@ -342,6 +345,7 @@ impl ChatCompletionRequest {
             template_kwargs: self.chat_template_kwargs.unwrap_or_default(),
             constraint_param,
             parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
+            unset,
         })
     }
 }

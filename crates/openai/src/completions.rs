@@ -3,7 +3,7 @@
 use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
 use crate::embeddings::token_ids;
-use crate::sampling::{Sampling, SamplingWire, StopWire};
+use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
 use crate::{output_constraint, ApiError};
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +81,8 @@ pub struct TextCompletionRequest {
     pub include_usage: bool,
     /// The field an engine's refusal of `sampling.constraint` is blamed on.
     pub constraint_param: &'static str,
+    /// The sampling settings left to the model's recommendations.
+    pub unset: UnsetSampling,
 }
 
 impl CompletionRequest {
@@ -112,7 +114,7 @@ impl CompletionRequest {
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(ApiError::invalid("best_of", "only 1 is supported"));
         }
-        let mut sampling = SamplingWire {
+        let wire = SamplingWire {
             max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS as i64)),
             max_tokens_field: "max_tokens",
             temperature: self.temperature,
@@ -125,8 +127,9 @@ impl CompletionRequest {
             seed: self.seed,
             stop: self.stop,
             n: self.n,
-        }
-        .validate()?;
+        };
+        let unset = wire.unset();
+        let mut sampling = wire.validate()?;
         sampling.logprobs = match self.logprobs {
             None => None,
             Some(n) if (0..=5).contains(&n) => Some(n as u32),
@@ -147,6 +150,7 @@ impl CompletionRequest {
             stream,
             include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
             constraint_param,
+            unset,
         })
     }
 }

@@ -6,7 +6,7 @@
 //! model is known, by [`SamplingBounds::check_top_k`].
 
 use crate::ApiError;
-pub use llmr_engine_types::Sampling;
+pub use llmr_engine_types::{Sampling, UnsetSampling};
 use serde::Deserialize;
 
 /// `stop`: one string or a list of them.
@@ -46,6 +46,17 @@ fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64, default: f32) -> Resu
 }
 
 impl SamplingWire {
+    /// The settings this request leaves to the model's recommendations.
+    pub fn unset(&self) -> UnsetSampling {
+        UnsetSampling {
+            temperature: self.temperature.is_none(),
+            top_p: self.top_p.is_none(),
+            top_k: self.top_k.is_none(),
+            min_p: self.min_p.is_none(),
+            repeat_penalty: self.repeat_penalty.is_none(),
+        }
+    }
+
     pub fn validate(self) -> Result<Sampling, ApiError> {
         let max_tokens = match self.max_tokens {
             None => None,

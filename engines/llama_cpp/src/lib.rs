@@ -316,6 +316,7 @@ impl Engine for LlamaCppEngine {
             size_bytes: Some(m.meta.size_bytes),
             parameters: Some(m.meta.n_params),
             slots: Some(s.slots),
+            sampling_defaults: m.meta.sampling_defaults,
             capabilities: if m.meta.is_encoder {
                 vec![Capability::Embedding]
             } else {

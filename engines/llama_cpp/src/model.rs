@@ -6,7 +6,7 @@ use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llmr_constraint::{TokenBytes, Vocabulary, VocabularyError};
-use llmr_engine_sdk::{EngineError, ErrorCode};
+use llmr_engine_sdk::{EngineError, ErrorCode, SamplingDefaults};
 use std::io::Read;
 use std::path::Path;
 
@@ -25,6 +25,8 @@ pub struct ModelMeta {
     pub is_encoder: bool,
     pub size_bytes: u64,
     pub n_params: u64,
+    /// `general.sampling.*`: what the model recommends for what requests leave unset.
+    pub sampling_defaults: Option<SamplingDefaults>,
 }
 
 fn corrupt(path: &Path, why: String) -> EngineError {
@@ -88,6 +90,7 @@ pub fn read_meta(model: &LlamaModel, path: &Path) -> ModelMeta {
         is_encoder: !causal,
         size_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         n_params: model.n_params(),
+        sampling_defaults: sampling_defaults(model),
         architecture,
     }
 }
@@ -122,6 +125,20 @@ pub fn grammar_vocabulary(model: &LlamaModel) -> Result<Vocabulary, VocabularyEr
         ends.insert(0, first.0 as u32);
     }
     Vocabulary::new(tokens, &ends)
+}
+
+/// The sampling settings the GGUF recommends (`general.sampling.*`, as llama.cpp's converter
+/// writes them from the model's generation config); `None` when it has none.
+fn sampling_defaults(model: &LlamaModel) -> Option<SamplingDefaults> {
+    let float = |key: &str| meta(model, &format!("general.sampling.{key}")).and_then(|v| v.parse::<f32>().ok());
+    let defaults = SamplingDefaults {
+        temperature: float("temp"),
+        top_p: float("top_p"),
+        top_k: meta(model, "general.sampling.top_k").and_then(|v| v.parse::<u32>().ok()),
+        min_p: float("min_p"),
+        repeat_penalty: float("penalty_repeat"),
+    };
+    (!defaults.is_empty()).then_some(defaults)
 }
 
 /// Tokenizes with the model's own tokenizer.

@@ -11,6 +11,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod embed;
+mod generation_config;
 pub mod kernels;
 pub mod kv_cache;
 pub mod kv_control;
@@ -29,7 +30,8 @@ use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
     abi, checked_token_ids, Capability, Constraint, EmbedOutcome, EmbedRequest, EmbeddingSink, Engine, EngineConfig,
-    EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, TokenSink,
+    EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, SamplingDefaults,
+    TokenSink,
 };
 use llmr_kv_policy::KvPolicy;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
@@ -61,6 +63,8 @@ struct LoadedModel {
     policy: Mutex<KvPolicy>,
     /// `tokenizer.json`, read again when the first constrained request comes.
     tokenizer_file: PathBuf,
+    /// What `generation_config.json` recommends for sampling.
+    sampling_defaults: Option<SamplingDefaults>,
     /// The vocabulary compiled for constrained decoding, on first use (it takes a moment that
     /// models never asked for structured output should not pay at load).
     grammar: OnceLock<Result<Arc<Vocabulary>, VocabularyError>>,
@@ -321,6 +325,7 @@ impl Engine for NativeEngine {
             kv_blocks,
             policy: Mutex::new(policy),
             tokenizer_file: desc.model_dir.join("tokenizer.json"),
+            sampling_defaults: generation_config::sampling_defaults(&desc.model_dir),
             grammar: OnceLock::new(),
             scheduler,
             stats,
@@ -364,6 +369,7 @@ impl Engine for NativeEngine {
             size_bytes: Some(m.weight_bytes as u64),
             parameters: None,
             slots: Some(m.slots),
+            sampling_defaults: m.sampling_defaults,
             capabilities: vec![Capability::Text, Capability::Embedding],
             extra,
         })

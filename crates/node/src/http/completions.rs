@@ -32,6 +32,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             stream: req.stream,
             prompt_param: "prompt",
             constraint_param: req.constraint_param,
+            unset: req.unset,
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {

@@ -15,7 +15,7 @@ use crate::generation::{self, Collected, Finished, GenEvent, Generation, Generat
 use crate::metrics as m;
 use crate::models::LoadedModel;
 use axum::response::{IntoResponse, Response};
-use llmr_engine_host::{EngineStatus, Sampling};
+use llmr_engine_host::{EngineStatus, Sampling, UnsetSampling};
 use llmr_openai::{ApiError, SamplingBounds};
 use llmr_telemetry::RequestId;
 use std::collections::VecDeque;
@@ -49,6 +49,8 @@ pub struct GenerationRequest {
     /// The field `sampling.constraint` came from: an engine that cannot follow the constraint
     /// (none at all, or not this grammar) is a 400 on it.
     pub constraint_param: &'static str,
+    /// The sampling settings the request left unset: the model's recommendations fill them.
+    pub unset: UnsetSampling,
     pub arrived: Instant,
 }
 
@@ -114,6 +116,9 @@ where
     let info = model.engine.info();
     if let Some(vocab) = info.vocab_size {
         sampling.check_top_k(vocab)?;
+    }
+    if let Some(defaults) = &info.sampling_defaults {
+        defaults.fill(&mut sampling, req.unset, info.vocab_size);
     }
     if let (Some(ids), Some(vocab)) = (&prompt.tokens, info.vocab_size) {
         check_vocabulary(ids, vocab, req.prompt_param)?;
