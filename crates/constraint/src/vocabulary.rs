@@ -115,13 +115,4 @@ impl Vocabulary {
         }
         Ok(TokenMask::new(matcher, self.end_ids.clone()))
     }
-
-    /// How many ids the masks cover (the logits' length).
-    pub fn len(&self) -> usize {
-        self.factory.tok_env().tok_trie().vocab_size()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }

@@ -481,7 +481,8 @@ fn a_models_recommended_sampling_fills_what_a_request_leaves_unset() {
     std::fs::write(dir.path().join("generation_config.json"), r#"{"eos_token_id": 2, "temperature": 0.0}"#).unwrap();
     let s = serve(&["--cache-mib", "0", "--model", &format!("greedy={}", dir.path().display())]);
     let ask = |extra: Value| {
-        let mut body = json!({"model": "greedy", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24});
+        let mut body =
+            json!({"model": "greedy", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24});
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         let (status, answer) = s.post("/v1/chat/completions", &body);
         assert_eq!(status, 200, "{answer}");

@@ -30,14 +30,6 @@ pub struct Masked {
 }
 
 impl TokenSampler {
-    /// For a constrained request, the time its mask took since the last call.
-    pub fn take_mask_time(&mut self) -> Option<Duration> {
-        match self {
-            Self::Masked(m) => Some(std::mem::take(&mut m.spent)),
-            _ => None,
-        }
-    }
-
     pub fn new(p: &Sampling, n_vocab: i32, mask: Option<TokenMask>) -> Self {
         if let Some(mask) = mask {
             let sampler = Sampler::new(p, n_vocab.max(0) as usize);
@@ -79,6 +71,14 @@ impl TokenSampler {
         let seed = p.seed.map_or_else(random_seed, |s| (s ^ (s >> 32)) as u32);
         chain.push(LlamaSampler::dist(seed));
         Self::Chain(LlamaSampler::chain_simple(chain))
+    }
+
+    /// For a constrained request, the time its mask took since the last call.
+    pub fn take_mask_time(&mut self) -> Option<Duration> {
+        match self {
+            Self::Masked(m) => Some(std::mem::take(&mut m.spent)),
+            _ => None,
+        }
     }
 
     /// Picks the next token from output `idx` of the last decode; `history` is the sequence so
