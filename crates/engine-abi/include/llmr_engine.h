@@ -13,6 +13,8 @@
  * - LLMR_ENGINE_ABI_MINOR grows when something is ADDED: a new optional export (the host finds it
  *   with dlsym and does without it when absent), a new field appended at the END of a struct, a
  *   new enum value, a new flag bit. Old plugins keep working with newer hosts and the reverse.
+ *   An appended field starts at or after the previous version's sizeof, never in its trailing
+ *   padding: an older writer counts that padding in struct_size and leaves it uninitialised.
  * - Every struct that crosses the boundary begins with `uint32_t struct_size`, set by whoever
  *   fills the struct to sizeof() of the struct as it knows it. A reader uses a field only when
  *   the field lies entirely within struct_size; a field beyond it reads as zero / NULL. A writer
@@ -257,13 +259,13 @@ typedef struct llmr_infer_request {
     const llmr_str *stop;        /* stop sequences; the matched text is not emitted */
     size_t stop_count;
     uint32_t top_logprobs;       /* alternatives per token when LLMR_INFER_LOGPROBS, 0..20 */
-    /* Minor 1. */
-    uint32_t constraint_kind;    /* LLMR_CONSTRAINT_*; NONE = unconstrained */
+    /* Minor 1 (starting at the 1.0 size: see VERSIONING). */
     llmr_str constraint;         /* the constraint's text; empty when NONE */
     llmr_tokens prompt_tokens;   /* count > 0: the prompt as token ids, used as given (`prompt` is
                                     empty; ADD_BOS and PARSE_SPECIAL do not apply). Sent only to
                                     plugins reporting LLMR_CAP_TOKEN_INPUT; an id outside the
                                     vocabulary is LLMR_ERR_UNSUPPORTED naming it. */
+    uint32_t constraint_kind;    /* LLMR_CONSTRAINT_*; NONE = unconstrained */
 } llmr_infer_request;
 
 /* One alternative token with its log-probability. */

@@ -160,9 +160,9 @@ pub struct llmr_infer_request {
     pub stop: *const llmr_str,
     pub stop_count: usize,
     pub top_logprobs: u32,
-    pub constraint_kind: u32,
     pub constraint: llmr_str,
     pub prompt_tokens: llmr_tokens,
+    pub constraint_kind: u32,
 }
 
 #[repr(C)]

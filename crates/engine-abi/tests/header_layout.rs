@@ -89,9 +89,9 @@ fn rows() -> Vec<Row> {
             stop,
             stop_count,
             top_logprobs,
-            constraint_kind,
             constraint,
             prompt_tokens,
+            constraint_kind,
         }
     );
     layout!(r, llmr_top_logprob { token_id, logprob, text });

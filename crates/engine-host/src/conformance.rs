@@ -10,7 +10,7 @@ use crate::manifest::Manifest;
 use crate::registry::EngineRegistry;
 use crate::status::EngineStatus;
 use llmr_engine_abi as abi;
-use llmr_engine_types::Format;
+use llmr_engine_types::{Constraint, Format};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -229,6 +229,7 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
 
     if caps & abi::LLMR_CAP_TEXT != 0 {
         check_generation(&mut r, &engine, prompt);
+        check_minor_1(&mut r, &engine, prompt, caps);
     } else {
         r.record(
             "infer: unsupported",
@@ -345,6 +346,60 @@ fn check_generation(r: &mut Report, engine: &EngineInstance, prompt: &str) {
             }
         }
     });
+}
+
+/// What ABI minor 1 added, where the plugin says it has it: a constraint is followed, and a
+/// prompt given as token ids is read as its text is.
+fn check_minor_1(r: &mut Report, engine: &EngineInstance, prompt: &str, caps: u32) {
+    if caps & abi::LLMR_CAP_CONSTRAINED == 0 {
+        r.skip("infer: constrained output", "the plugin does not report LLMR_CAP_CONSTRAINED");
+    } else {
+        let mut params = InferParams::greedy(20, MODEL_ID, prompt);
+        params.sampling.max_tokens = Some(8);
+        params.sampling.constraint = Some(Constraint::Regex("[0-9]{3}".into()));
+        let mut text = String::new();
+        let res = engine.infer(&params, |t| {
+            text.push_str(&t.text);
+            true
+        });
+        r.record(
+            "infer: constrained output",
+            res.map_err(|e| e.to_string()).and_then(|res| {
+                let digits = text.len() == 3 && text.bytes().all(|b| b.is_ascii_digit());
+                match (digits, res.finish_reason) {
+                    (true, FinishReason::Stop) => Ok(format!("{text:?} under the regex [0-9]{{3}}, finish stop")),
+                    (_, f) => Err(format!("{text:?}, finish {f:?}, under the regex [0-9]{{3}} (want 3 digits, stop)")),
+                }
+            }),
+        );
+    }
+    if caps & abi::LLMR_CAP_TOKEN_INPUT == 0 {
+        r.skip("infer: token-id prompt", "the plugin does not report LLMR_CAP_TOKEN_INPUT");
+        return;
+    }
+    let generate = |params: &InferParams<'_>| {
+        let mut text = String::new();
+        engine
+            .infer(params, |t| {
+                text.push_str(&t.text);
+                true
+            })
+            .map(|res| (text, res.prompt_tokens))
+    };
+    let outcome = engine.tokenize(MODEL_ID, prompt, true, true).map_err(|e| e.to_string()).and_then(|ids| {
+        let mut params = InferParams::greedy(21, MODEL_ID, prompt);
+        params.sampling.max_tokens = Some(8);
+        let by_text = generate(&params).map_err(|e| e.to_string())?;
+        params.request_id = 22;
+        params.prompt_tokens = Some(&ids);
+        let by_ids = generate(&params).map_err(|e| e.to_string())?;
+        if by_ids == by_text && by_ids.1 as usize == ids.len() {
+            Ok(format!("{} ids gave the text prompt's answer {:?}", ids.len(), by_ids.0))
+        } else {
+            Err(format!("{} ids gave {by_ids:?}, the text prompt {by_text:?}", ids.len()))
+        }
+    });
+    r.record("infer: token-id prompt", outcome);
 }
 
 fn check_other_modalities(r: &mut Report, engine: &EngineInstance, caps: u32) {

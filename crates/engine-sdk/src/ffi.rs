@@ -53,28 +53,31 @@ fn guard(instance_id: u64, body: impl FnOnce() -> Result<(), EngineError>) -> ab
     }
 }
 
+/// The sizes of the structs that grew after 1.0, as 1.0 hosts send them: minor 1's fields start
+/// where 1.0's struct ended (the header's rule), so their first field's offset is the 1.0 size.
+const V1_0_INFER_REQUEST: usize = std::mem::offset_of!(abi::llmr_infer_request, constraint);
+const V1_0_EMBED_REQUEST: usize = std::mem::offset_of!(abi::llmr_embed_request, token_inputs);
+
 fn bad_arg(what: &str) -> EngineError {
     EngineError::internal(format!("invalid argument: {what}"))
 }
 
 /// Copies a host struct that starts with `struct_size` into a full, zero-initialised `T`:
 /// fields beyond the host's size read as zero (the header's compatibility rule). A struct smaller
-/// than ABI 1.0's is refused.
+/// than ABI 1.0's (`v1_0_size`: every 1.0 field is required) is refused.
 ///
 /// SAFETY: `ptr` is NULL or points to at least `struct_size` readable bytes; `T` is a `repr(C)`
 /// ABI struct for which all-zero bytes are a valid value.
-unsafe fn read_sized<T>(ptr: *const T, name: &str) -> Result<T, EngineError> {
+unsafe fn read_sized<T>(ptr: *const T, name: &str, v1_0_size: usize) -> Result<T, EngineError> {
     if ptr.is_null() {
         return Err(bad_arg(&format!("`{name}` is NULL")));
     }
     let size = *(ptr as *const u32) as usize;
     let full = std::mem::size_of::<T>();
-    if size < full {
-        // Every field of a 1.0 struct is required; later minor versions will lower this bound
-        // to the 1.0 size and append fields after it.
+    if size < v1_0_size {
         return Err(EngineError::new(
             ErrorCode::AbiMismatch,
-            format!("`{name}.struct_size` is {size}, ABI 1.0 needs at least {full}"),
+            format!("`{name}.struct_size` is {size}, ABI 1.0 needs at least {v1_0_size}"),
         ));
     }
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
@@ -194,7 +197,7 @@ pub unsafe fn create<E: Engine>(
             return Err(bad_arg("`out` is NULL"));
         }
         *out = std::ptr::null_mut();
-        let c = read_sized(config, "config")?;
+        let c = read_sized(config, "config", std::mem::size_of::<abi::llmr_engine_config>())?;
         let config = EngineConfig {
             gpu_backend: c.gpu_backend,
             device_id: c.device_id,
@@ -236,7 +239,7 @@ pub unsafe fn load_model<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let d = read_sized(desc, "desc")?;
+        let d = read_sized(desc, "desc", std::mem::size_of::<abi::llmr_model_desc>())?;
         let format = Format::from_abi(d.format).ok_or_else(|| {
             EngineError::new(ErrorCode::Unsupported, format!("model format {} is unknown to this plugin", d.format))
         })?;
@@ -325,7 +328,7 @@ pub unsafe fn infer<E: Engine>(
     let mut outcome: Option<InferOutcome> = None;
     let mut status = guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request")?;
+        let r = read_sized(request, "request", V1_0_INFER_REQUEST)?;
         let req = InferRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
@@ -398,7 +401,7 @@ pub unsafe fn embed<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request")?;
+        let r = read_sized(request, "request", V1_0_EMBED_REQUEST)?;
         let req = EmbedRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
@@ -439,7 +442,7 @@ pub unsafe fn transcribe<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request")?;
+        let r = read_sized(request, "request", std::mem::size_of::<abi::llmr_transcribe_request>())?;
         if r.samples.is_null() && r.sample_count > 0 {
             return Err(bad_arg("`request.samples` is NULL"));
         }
@@ -465,7 +468,7 @@ pub unsafe fn synthesize<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request")?;
+        let r = read_sized(request, "request", std::mem::size_of::<abi::llmr_synthesize_request>())?;
         let req = SynthesizeRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,
@@ -485,7 +488,7 @@ pub unsafe fn generate_image<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request")?;
+        let r = read_sized(request, "request", std::mem::size_of::<abi::llmr_image_request>())?;
         let req = ImageRequest {
             request_id: r.request_id,
             model_id: req_cstr(r.model_id, "request.model_id")?,

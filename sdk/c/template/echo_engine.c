@@ -18,6 +18,7 @@
 #include "llmr_engine.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -234,7 +235,9 @@ LLMR_EXPORT llmr_status llmr_engine_infer(llmr_engine *e, const llmr_infer_reque
                                           void *user_data, llmr_infer_result *result) {
     if (!e) return fail(NULL, LLMR_ERR_INTERNAL, "invalid argument: `engine` is NULL");
     if (!r) return fail(e, LLMR_ERR_INTERNAL, "invalid argument: `request` is NULL");
-    if (r->struct_size < sizeof(llmr_infer_request))
+    /* ABI 1.0's fields are all this engine reads; a 1.0 host sends exactly those (minor 1's
+       constraint and token ids start at offsetof(..., constraint) and are not for this engine). */
+    if (r->struct_size < offsetof(llmr_infer_request, constraint))
         return fail(e, LLMR_ERR_ABI_MISMATCH, "request.struct_size %u is too small", r->struct_size);
     llmr_status s = require_model(e, r->model_id);
     if (s != LLMR_OK) return s;

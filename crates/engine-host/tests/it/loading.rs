@@ -1,6 +1,7 @@
 //! Loading plugins and calling them: identity checks, panics, cancellation, the C template.
 
 use crate::support::*;
+use llmr_engine_host::abi;
 use llmr_engine_host::{
     discover, load_one, DiscoveryOptions, EngineInstance, EngineRegistry, EngineStatus, FinishReason, InferParams,
     InstanceConfig, Manifest, PluginState,
@@ -219,4 +220,39 @@ fn engine_errors_keep_their_message_per_handle() {
     assert_eq!(err_a.message, "model 'ghost' is not loaded");
     assert_eq!(err_b.status, EngineStatus::Unsupported);
     assert_eq!(err_b.message, "`token_delay_ms` takes a non-negative integer, got \"slow\"");
+}
+
+/// A host of ABI 1.0 sends the 1.0 struct: its `struct_size` ends where minor 1's fields begin,
+/// and it says nothing about what lies beyond (here 0xFF bytes). A minor-1 plugin serves it as
+/// an unconstrained text prompt.
+#[test]
+fn a_request_of_abi_1_0_is_served_whatever_lies_beyond_its_size() {
+    let root = tempfile::tempdir().unwrap();
+    install_echo(root.path());
+    let plugin = single_plugin(root.path());
+    let engine = instance_with_model(&plugin, root.path());
+    let model_id = std::ffi::CString::new("m").unwrap();
+    let prompt = "one two three";
+    let mut raw = std::mem::MaybeUninit::<abi::llmr_infer_request>::uninit();
+    // SAFETY: every byte is written before the struct is read; 0xFF bytes are valid for every
+    // field type (integers, floats, pointers that the 1.0 size keeps the plugin from reading).
+    let mut req = unsafe {
+        raw.as_mut_ptr().cast::<u8>().write_bytes(0xFF, std::mem::size_of::<abi::llmr_infer_request>());
+        raw.assume_init()
+    };
+    req.struct_size = std::mem::offset_of!(abi::llmr_infer_request, constraint) as u32;
+    req.flags = 0;
+    req.request_id = 1;
+    req.model_id = model_id.as_ptr();
+    req.prompt = abi::llmr_str { ptr: prompt.as_ptr().cast(), len: prompt.len() };
+    (req.max_tokens, req.top_k, req.temperature, req.top_p, req.min_p) = (8, 0, 0.0, 1.0, 0.0);
+    (req.repeat_penalty, req.presence_penalty, req.frequency_penalty, req.seed) = (1.0, 0.0, 0.0, 0);
+    (req.stop, req.stop_count, req.top_logprobs) = (std::ptr::null(), 0, 0);
+    let mut result = abi::llmr_infer_result {
+        struct_size: std::mem::size_of::<abi::llmr_infer_result>() as u32,
+        ..Default::default()
+    };
+    // SAFETY: `req` and `result` are valid for the call; no token callback (the plugin may skip it).
+    unsafe { engine.raw_infer(&req, &mut result) }.unwrap();
+    assert_eq!((result.finish_reason, result.completion_tokens), (abi::LLMR_FINISH_STOP, 3));
 }
