@@ -188,6 +188,8 @@ pub fn check_plugin(dir: &Path, options: &CheckOptions) -> Vec<Check> {
             "infer: max_tokens",
             "infer: cancel from callback",
             "infer: cancel from another thread",
+            "infer: constrained output",
+            "infer: token-id prompt",
             "unsupported calls",
             "unload model",
         ] {
