@@ -8,14 +8,19 @@
 //! end tokens are left, so a constrained output ends where its grammar does and always parses
 //! (unless `max_tokens` cuts it: `finish_reason` then says `length`).
 //!
+//! [`ConstrainedSampler`] is the draw itself (mask, the request's `llmr_sampling::Sampler`,
+//! follow), as both engines run it.
+//!
 //! Unconstrained requests never reach this crate: an engine holds a `TokenMask` only for the
 //! requests that carry a constraint.
 
 mod grammar;
 mod mask;
+mod sampler;
 mod vocabulary;
 
 pub use grammar::CompileError;
 pub use llmr_engine_types::Constraint;
 pub use mask::TokenMask;
+pub use sampler::ConstrainedSampler;
 pub use vocabulary::{TokenBytes, Vocabulary, VocabularyError};

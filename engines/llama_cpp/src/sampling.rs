@@ -8,10 +8,10 @@
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
-use llmr_constraint::TokenMask;
+use llmr_constraint::{ConstrainedSampler, TokenMask};
 use llmr_engine_sdk::Sampling;
-use llmr_sampling::{is_greedy, random_seed, Direct, Sampler, PENALTY_LAST_N};
-use std::time::{Duration, Instant};
+use llmr_sampling::{is_greedy, random_seed, Direct, PENALTY_LAST_N};
+use std::time::Duration;
 
 pub enum TokenSampler {
     Direct(Direct),
@@ -19,27 +19,17 @@ pub enum TokenSampler {
     Masked(Box<Masked>),
 }
 
-/// A constrained request's sampling state.
+/// A constrained request's draws, and the recent tokens its penalties read.
 pub struct Masked {
-    mask: TokenMask,
-    sampler: Sampler,
-    logits: Vec<f32>,
+    draws: ConstrainedSampler,
     history: Vec<u32>,
-    /// Time the mask took since `take_mask_time` last read it.
-    spent: Duration,
 }
 
 impl TokenSampler {
     pub fn new(p: &Sampling, n_vocab: i32, mask: Option<TokenMask>) -> Self {
         if let Some(mask) = mask {
-            let sampler = Sampler::new(p, n_vocab.max(0) as usize);
-            return Self::Masked(Box::new(Masked {
-                mask,
-                sampler,
-                logits: Vec::new(),
-                history: Vec::new(),
-                spent: Duration::ZERO,
-            }));
+            let draws = ConstrainedSampler::new(mask, p, n_vocab.max(0) as usize);
+            return Self::Masked(Box::new(Masked { draws, history: Vec::new() }));
         }
         if let Some(direct) = Direct::for_settings(p) {
             return Self::Direct(direct);
@@ -76,7 +66,7 @@ impl TokenSampler {
     /// For a constrained request, the time its mask took since the last call.
     pub fn take_mask_time(&mut self) -> Option<Duration> {
         match self {
-            Self::Masked(m) => Some(std::mem::take(&mut m.spent)),
+            Self::Masked(m) => Some(m.draws.take_mask_time()),
             _ => None,
         }
     }
@@ -90,17 +80,10 @@ impl TokenSampler {
             Self::Direct(d) => Ok(LlamaToken(d.sample(ctx.get_logits_ith(idx)) as i32)),
             Self::Chain(s) => Ok(s.sample(ctx, idx)),
             Self::Masked(m) => {
-                let started = Instant::now();
-                m.mask.apply(ctx.get_logits_ith(idx), &mut m.logits)?;
-                m.spent += started.elapsed();
                 let recent = &history[history.len().saturating_sub(PENALTY_LAST_N)..];
                 m.history.clear();
                 m.history.extend(recent.iter().map(|t| t.0 as u32));
-                let token = m.sampler.sample(&m.logits, &m.history);
-                let started = Instant::now();
-                m.mask.accept(token)?;
-                m.spent += started.elapsed();
-                Ok(LlamaToken(token as i32))
+                Ok(LlamaToken(m.draws.sample(ctx.get_logits_ith(idx), &m.history)? as i32))
             }
         }
     }

@@ -91,7 +91,7 @@ impl LoadedModel {
         let vocabulary = self.grammar.get_or_init(|| {
             let json = std::fs::read_to_string(&self.tokenizer_file)
                 .map_err(|e| VocabularyError(format!("{}: {e}", self.tokenizer_file.display())))?;
-            // The primary end token first: it is the one the grammar engine names.
+            // Sorted for a stable order; the grammar engine ends on any of them alike.
             let mut ends: Vec<u32> = self.tokenizer.end_ids.iter().copied().collect();
             ends.sort_unstable();
             Vocabulary::from_tokenizer_json(&json, self.config.vocab, &ends).map(Arc::new)

@@ -17,7 +17,7 @@ use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
 use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
 use crate::kv_control::{self, SeqView};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
-use llmr_constraint::TokenMask;
+use llmr_constraint::{ConstrainedSampler, TokenMask};
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger, Sampling};
@@ -109,8 +109,8 @@ struct Running {
     next_prompt: usize,
     cached_prompt: usize,
     sampler: Sampler,
-    /// Moved from the job: the grammar state of a constrained request.
-    mask: Option<TokenMask>,
+    /// A constrained request's draws (its grammar state); `sampler` serves the others.
+    constrained: Option<ConstrainedSampler>,
     /// Sampled but not yet fed to the model.
     pending: Option<u32>,
     /// Row of this step's logits this sequence samples from.
@@ -134,8 +134,6 @@ pub struct Scheduler {
     /// Embedding requests, oldest first; the first advances one chunk per turn.
     embeds: VecDeque<EmbedRun>,
     scratch: Scratch,
-    /// A constrained sequence's logits under its mask.
-    masked: Vec<f32>,
     pacer: Pacer,
     policy: KvPolicy,
     next_pass: Instant,
@@ -170,7 +168,6 @@ impl Scheduler {
             queue: VecDeque::new(),
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
-            masked: Vec::new(),
             pacer: Pacer::default(),
             policy,
             next_pass: Instant::now(),
@@ -283,7 +280,7 @@ impl Scheduler {
             let mut job = job;
             self.running.push(Running {
                 sampler: Sampler::new(&job.sampling, self.vocab),
-                mask: job.mask.take(),
+                constrained: job.mask.take().map(|m| ConstrainedSampler::new(m, &job.sampling, self.vocab)),
                 stops: StopMatcher::new(job.sampling.stop.iter().cloned()),
                 tokens: job.tokens[..reused].to_vec(),
                 table,
@@ -421,21 +418,13 @@ impl Scheduler {
         let tk = &self.tokenizer;
         let ctx_per_seq = self.settings.ctx_per_seq;
         let r = &mut self.running[i];
-        let token = match r.mask.as_mut() {
+        let token = match r.constrained.as_mut() {
             None => r.sampler.sample(logits, &r.tokens),
-            Some(mask) => {
-                // Only constrained sequences pay for a copy of their logits and the mask.
-                let masked = &mut self.masked;
-                let started = Instant::now();
-                let applied = mask.apply(logits, masked);
-                let mut spent = started.elapsed();
-                let token = applied.map(|()| r.sampler.sample(masked, &r.tokens));
-                let started = Instant::now();
-                let accepted = token.and_then(|t| mask.accept(t).map(|()| t));
-                spent += started.elapsed();
+            Some(c) => {
+                let drawn = c.sample(logits, &r.tokens);
                 self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
-                self.stats.constraint_ns_total.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
-                match accepted {
+                self.stats.constraint_ns_total.fetch_add(c.take_mask_time().as_nanos() as u64, Ordering::Relaxed);
+                match drawn {
                     Ok(t) => t,
                     Err(e) => {
                         self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}")));

@@ -9,7 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use llmr_engine_host::{Capability, EmbedInputs as HostInputs, EngineStatus};
+use llmr_engine_host::{Capability, EmbedInputs as HostInputs};
 use llmr_openai::{
     ApiError, EmbedInputs, EmbeddingList, EmbeddingObject, EmbeddingRequest, EmbeddingUsage, EmbeddingValue,
 };
@@ -60,13 +60,8 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
         })
         .await
         .map_err(|e| NodeError::Internal(format!("embedding panicked: {e}")))?
-        .map_err(|e| match e {
-            // Token ids the engine cannot take (it has no token input) are the client's to change.
-            NodeError::Engine(c) if c.status == EngineStatus::Unsupported && tokens => {
-                ApiError::invalid("input", format!("the model's engine cannot take it: {}", c.message))
-            }
-            e => e.into(),
-        })?;
+        // Token ids the engine cannot take (it has no token input) are the client's to change.
+        .map_err(|e| pipeline::Blame(tokens.then_some("input")).error(e))?;
         let mut data = Vec::with_capacity(vectors.len());
         for (i, mut v) in vectors.into_iter().enumerate() {
             if let Some(d) = req.dimensions {

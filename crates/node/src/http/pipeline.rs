@@ -151,10 +151,10 @@ pub fn check_vocabulary(ids: &[u32], vocab: u32, param: &str) -> Result<(), ApiE
 /// constraint is the constraint's (the engine has no constrained decoding, or cannot compile this
 /// grammar), on one with token ids the prompt's: the client's to fix, so a 400 naming the field.
 #[derive(Clone, Copy)]
-struct Blame(Option<&'static str>);
+pub struct Blame(pub Option<&'static str>);
 
 impl Blame {
-    fn error(self, e: NodeError) -> ApiError {
+    pub fn error(self, e: NodeError) -> ApiError {
         match (e, self.0) {
             (NodeError::Engine(c), Some(param)) if c.status == EngineStatus::Unsupported => {
                 ApiError::invalid(param, format!("the model's engine cannot take it: {}", c.message))
