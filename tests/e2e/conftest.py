@@ -27,6 +27,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -50,7 +51,7 @@ START_TIMEOUT_S = 90
 for _var in ("NO_PROXY", "no_proxy"):
     os.environ[_var] = ",".join(filter(None, ["127.0.0.1", "localhost", os.environ.get(_var)]))
 
-_started: list["LlmrServer"] = []
+_started: list["Child"] = []
 
 
 def _expand(path: str) -> Path:
@@ -104,41 +105,21 @@ def _bind_to_parent():  # runs in the child between fork and exec
         pass
 
 
-class LlmrServer:
-    """One `llmr serve` child process."""
+class Child:
+    """One llmr child process: its stderr goes to a log file and a tail kept for failure messages;
+    `start` waits for the line matching `ready` and returns the match."""
 
-    def __init__(self, name: str, workdir: Path, models: list[str], extra_args: list[str]):
+    def __init__(self, name: str, log_path: Path):
         self.name = name
-        self.workdir = workdir
-        self.models = models
-        self.extra_args = extra_args
-        self.api_key = "sk-llmr-e2e-" + secrets.token_hex(16)
-        self.log_path = workdir / "llmr.log"
+        self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self.base_url = ""  # http://127.0.0.1:PORT
-        self.default_model = ""
         self._tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
 
-    # --- lifecycle ---------------------------------------------------------------------------
-    def start(self) -> "LlmrServer":
-        check_prerequisites(self.models)
-        store = self.workdir / "store"
-        store.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "config.toml"
-        config.write_text("# empty: every setting comes from the command line\n")
-        cmd = [
-            str(llmr_binary()), "serve",
-            "--host", "127.0.0.1", "--port", "0",
-            "--engines-dir", str(engines_dir()),
-            "--store", str(store), "--config", str(config),
-            "--api-key", self.api_key,
-            "--cache-mib", "0",
-        ]
-        for alias in self.models:
-            cmd += ["--model", f"{alias}={model_cache() / MODEL_FILES[alias]}"]
-        cmd += self.extra_args
+    def start(self, cmd: list[str], ready: re.Pattern, cwd: Path, home: Path | None = None) -> re.Match:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMR_")}
+        if home is not None:
+            env["HOME"] = str(home)
         log = open(self.log_path, "w", encoding="utf-8", errors="replace")
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -148,10 +129,11 @@ class LlmrServer:
             stdout=log,
             stderr=subprocess.PIPE,
             env=env,
-            cwd=self.workdir,
+            cwd=cwd,
             preexec_fn=_bind_to_parent if sys.platform.startswith("linux") else None,
         )
         _started.append(self)
+        found: list[re.Match] = []
         listening = threading.Event()
 
         def pump(stream=self.proc.stderr):
@@ -160,10 +142,9 @@ class LlmrServer:
                 log.write(line)
                 log.flush()
                 self._tail.append(line.rstrip("\n"))
-                m = LISTENING.search(line)
+                m = ready.search(line)
                 if m and not listening.is_set():
-                    self.base_url = m.group(1)
-                    self.default_model = m.group(3)
+                    found.append(m)
                     listening.set()
             log.close()
 
@@ -174,13 +155,12 @@ class LlmrServer:
             if self.proc.poll() is not None:
                 self._reader.join(5)
                 raise RuntimeError(
-                    f"llmr serve ({self.name}) exited with status {self.proc.returncode} before listening:\n"
-                    + self.tail()
+                    f"{self.name} exited with status {self.proc.returncode} before listening:\n" + self.tail()
                 )
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"llmr serve ({self.name}) printed no listening line in {START_TIMEOUT_S}s:\n" + self.tail())
-        return self
+                raise RuntimeError(f"{self.name} printed no listening line in {START_TIMEOUT_S}s:\n" + self.tail())
+        return found[0]
 
     def stop(self) -> int | None:
         if self.proc is None:
@@ -199,7 +179,13 @@ class LlmrServer:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(list(self._tail)[-lines:])
 
-    # --- helpers -------------------------------------------------------------------------------
+
+class Endpoint:
+    """What tests reach: a base URL and its API key (a `llmr serve`, or a router with nodes)."""
+
+    base_url = ""  # http://127.0.0.1:PORT
+    api_key = ""
+
     @property
     def port(self) -> int:
         return int(self.base_url.rsplit(":", 1)[1])
@@ -212,6 +198,12 @@ class LlmrServer:
         kwargs.setdefault("max_retries", 0)
         kwargs.setdefault("timeout", 120.0)
         return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, **kwargs)
+
+    def anthropic(self, **kwargs) -> anthropic.Anthropic:
+        """The official Anthropic SDK, authenticating with `x-api-key` as it does."""
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 120.0)
+        return anthropic.Anthropic(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     def post(self, path: str, body=None, *, data=None, headers=None, **kwargs) -> requests.Response:
         h = dict(self.auth)
@@ -249,6 +241,124 @@ class LlmrServer:
         return total
 
 
+
+class LlmrServer(Endpoint):
+    """One `llmr serve` child process."""
+
+    def __init__(self, name: str, workdir: Path, models: list[str], extra_args: list[str]):
+        self.name = name
+        self.workdir = workdir
+        self.models = models
+        self.extra_args = extra_args
+        self.api_key = "sk-llmr-e2e-" + secrets.token_hex(16)
+        self.child = Child(f"llmr serve ({name})", workdir / "llmr.log")
+        self.base_url = ""  # http://127.0.0.1:PORT
+        self.default_model = ""
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.child.proc
+
+    @property
+    def log_path(self) -> Path:
+        return self.child.log_path
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> "LlmrServer":
+        check_prerequisites(self.models)
+        store = self.workdir / "store"
+        store.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "config.toml"
+        config.write_text("# empty: every setting comes from the command line\n")
+        cmd = [
+            str(llmr_binary()), "serve",
+            "--host", "127.0.0.1", "--port", "0",
+            "--engines-dir", str(engines_dir()),
+            "--store", str(store), "--config", str(config),
+            "--api-key", self.api_key,
+            "--cache-mib", "0",
+        ]
+        for alias in self.models:
+            cmd += ["--model", f"{alias}={model_cache() / MODEL_FILES[alias]}"]
+        cmd += self.extra_args
+        m = self.child.start(cmd, LISTENING, self.workdir)
+        self.base_url, self.default_model = m.group(1), m.group(3)
+        return self
+
+    def stop(self) -> int | None:
+        return self.child.stop()
+
+    def tail(self, lines: int = 40) -> str:
+        return self.child.tail(lines)
+
+ROUTER_LISTENING = re.compile(r"llmr router listening on (http://\S+)")
+NODE_LISTENING = re.compile(r"llmr node listening on (http://\S+)")
+CLUSTER_READY_TIMEOUT_S = 240
+
+
+class LlmrCluster(Endpoint):
+    """`llmr router` with one `llmr node` under it, serving `models` registered by path (the
+    node uses the files in place), with keys made by `llmr keys create` in the router's database."""
+
+    def __init__(self, workdir: Path, models: list[str]):
+        self.workdir = workdir
+        self.models = models
+        self.db = workdir / "router.db"
+        self.router = Child("llmr router", workdir / "router.log")
+        self.node = Child("llmr node", workdir / "node.log")
+
+    def _key(self, name: str, scope: str) -> str:
+        out = subprocess.run(
+            [str(llmr_binary()), "keys", "create", "--name", name, "--scope", scope, "--db", str(self.db)],
+            capture_output=True, text=True, env={k: v for k, v in os.environ.items() if not k.startswith("LLMR_")},
+            timeout=60,
+        )
+        assert out.returncode == 0, f"llmr keys create: {out.stderr}"
+        return out.stdout.strip()
+
+    def start(self) -> "LlmrCluster":
+        check_prerequisites(self.models)
+        admin, self.api_key, node = self._key("admin", "admin"), self._key("e2e", "api"), self._key("nodes", "node")
+        m = self.router.start(
+            [str(llmr_binary()), "router", "--host", "127.0.0.1", "--port", "0", "--allow-cpu-nodes",
+             "--db", str(self.db)],
+            ROUTER_LISTENING, self.workdir, home=self.workdir,
+        )
+        self.base_url = m.group(1)
+        for alias in self.models:
+            r = requests.post(
+                self.base_url + "/v0/models",
+                json={"path": str(model_cache() / MODEL_FILES[alias]), "name": alias},
+                headers={"Authorization": f"Bearer {admin}"}, timeout=120,
+            )
+            assert r.status_code in (200, 201), f"registering {alias}: {r.status_code} {r.text}"
+        store = self.workdir / "node-store"
+        store.mkdir(exist_ok=True)
+        self.node.start(
+            [str(llmr_binary()), "node", "--router", self.base_url, "--token", node, "--name", "e2e-node",
+             "--port", "0", "--store", str(store), "--engines-dir", str(engines_dir()), "--cache-mib", "0"],
+            NODE_LISTENING, self.workdir, home=self.workdir,
+        )
+        # Ready when each model answers through the router (the node syncs, hashes and loads it).
+        deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
+        for alias in self.models:
+            while True:
+                r = self.post("/v1/completions", {"model": alias, "prompt": "Hi", "max_tokens": 1})
+                if r.status_code == 200:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{alias} not served through the router in {CLUSTER_READY_TIMEOUT_S}s: {r.status_code} "
+                        f"{r.text}\n--- router\n{self.router.tail()}\n--- node\n{self.node.tail()}"
+                    )
+                time.sleep(0.5)
+        return self
+
+    def stop(self) -> None:
+        self.node.stop()
+        self.router.stop()
+
+
 def _start(tmp_path_factory, name: str, models: list[str], extra: list[str]) -> LlmrServer:
     return LlmrServer(name, tmp_path_factory.mktemp(f"llmr-{name}"), models, extra).start()
 
@@ -259,6 +369,14 @@ def server(tmp_path_factory):
     s = _start(tmp_path_factory, "main", ["smollm2", "qwen", "minilm"], [])
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """`llmr router` and one `llmr node` serving qwen."""
+    c = LlmrCluster(tmp_path_factory.mktemp("llmr-cluster"), ["qwen"]).start()
+    yield c
+    c.stop()
 
 
 @pytest.fixture(scope="session")
@@ -288,7 +406,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", "llmr servers started by tests/e2e")
     for s in _started:
         status = s.proc.returncode if s.proc is not None else None
-        terminalreporter.write_line(f"{s.name}: {s.base_url or '(not listening)'} exit={status} log={s.log_path}")
+        terminalreporter.write_line(f"{s.name}: exit={status} log={s.log_path}")
 
 
 def pytest_sessionfinish(session, exitstatus):

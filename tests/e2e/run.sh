@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end tests of `llmr serve` with the official OpenAI Python SDK.
+# End-to-end tests of `llmr serve` (and of `llmr router` with a node) with the official OpenAI and
+# Anthropic Python SDKs.
 #
 #   tests/e2e/run.sh [PYTEST ARGS...]        e.g. tests/e2e/run.sh -k tool -x
 #

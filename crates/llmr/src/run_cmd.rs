@@ -104,6 +104,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             constraint_param: "response_format",
             parallel_tool_calls: true,
             unset: Default::default(),
+            continue_final_message: false,
         };
         let (prompt, _) = render_chat(&model, &request)?;
         let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };

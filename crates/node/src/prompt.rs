@@ -9,7 +9,7 @@ use crate::models::LoadedModel;
 use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, RenderInput, Role, Tool, ToolCall};
 use llmr_engine_host::{Capability, Constraint};
 use llmr_openai::{ChatMessage, ChatRequest, FunctionTool, MessageContent, MessagePart, ToolChoice};
-use llmr_tool_calls::{ToolCallFormat, ToolSchema};
+use llmr_tool_calls::{ParsedOutput, StreamParser, ToolCallFormat, ToolSchema};
 
 /// How tool calls are read from a request's output.
 #[derive(Clone, Debug)]
@@ -21,13 +21,34 @@ pub struct ToolParsing {
     pub prefill: String,
 }
 
+impl ToolParsing {
+    /// Reads calls out of a streamed answer.
+    pub fn stream_parser(&self) -> StreamParser {
+        StreamParser::new(self.format, self.allowed.clone()).with_prefill(&self.prefill)
+    }
+
+    /// Reads calls out of a whole answer (the same machine as the stream's).
+    pub fn parse(&self, text: &str) -> ParsedOutput {
+        let allowed: Vec<&str> = self.allowed.iter().map(String::as_str).collect();
+        self.format.parse_with_prefill(&self.prefill, text, &allowed)
+    }
+}
+
 /// The prompt for `req`, and how to read tool calls from the answer (when tools are offered).
 pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Option<ToolParsing>), NodeError> {
     model.require(Capability::Text)?;
     let templates =
         model.templates.as_ref().ok_or(NodeError::Incapable { model: model.name.clone(), needs: Capability::Text })?;
     let offer_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
-    let messages: Vec<Message> = req.messages.iter().map(template_message).collect();
+    // A conversation continued from the assistant's own text: the turn before it is rendered
+    // with the generation prompt, and that text follows.
+    let (history, continued) = match req.messages.split_last() {
+        Some((last, rest)) if req.continue_final_message && last.role == llmr_openai::Role::Assistant => {
+            (rest, Some(content_text(last)))
+        }
+        _ => (&req.messages[..], None),
+    };
+    let messages: Vec<Message> = history.iter().map(template_message).collect();
     let tools: Vec<Tool> = req.tools.iter().map(template_tool).collect();
     let mut input = RenderInput::new(&messages, true);
     if offer_tools {
@@ -35,6 +56,7 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Op
     }
     input.kwargs.extend(req.template_kwargs.clone());
     let mut text = templates.render(&input).map_err(|e| NodeError::Template(e.to_string()))?;
+    text.push_str(continued.as_deref().unwrap_or_default());
     // Under a `response_format` the answer is the document its schema describes: read as a tool
     // call, a JSON answer that happens to look like one would be lost to the client.
     if !offer_tools || req.sampling.constraint.is_some() {
@@ -76,6 +98,22 @@ fn template_role(role: llmr_openai::Role) -> Role {
         llmr_openai::Role::User => Role::User,
         llmr_openai::Role::Assistant => Role::Assistant,
         llmr_openai::Role::Tool => Role::Tool,
+    }
+}
+
+/// The text of a message's content (its text parts, joined).
+fn content_text(m: &ChatMessage) -> String {
+    match &m.content {
+        None => String::new(),
+        Some(MessageContent::Text(t)) => t.clone(),
+        Some(MessageContent::Parts(parts)) => parts
+            .iter()
+            .filter_map(|p| match p {
+                MessagePart::Text { text } => Some(text.as_str()),
+                MessagePart::ImageUrl { .. } => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
     }
 }
 

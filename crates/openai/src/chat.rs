@@ -224,6 +224,9 @@ pub struct ChatRequest {
     pub parallel_tool_calls: bool,
     /// The sampling settings left to the model's recommendations.
     pub unset: UnsetSampling,
+    /// The last message is the assistant's and the answer continues its text instead of
+    /// starting a new turn (Anthropic's prefill; vLLM's `continue_final_message`).
+    pub continue_final_message: bool,
 }
 
 impl ChatCompletionRequest {
@@ -346,6 +349,7 @@ impl ChatCompletionRequest {
             constraint_param,
             parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
             unset,
+            continue_final_message: false,
         })
     }
 }

@@ -92,3 +92,9 @@ pub fn unix_now() -> u64 {
 pub fn new_id(prefix: &str, n: u64) -> String {
     format!("{prefix}-{:x}{n:08x}", unix_now())
 }
+
+/// The same with an underscore, as the Responses and Anthropic APIs spell theirs (`resp_…`,
+/// `msg_…`, `toolu_…`).
+pub fn new_underscore_id(prefix: &str, n: u64) -> String {
+    format!("{prefix}_{:x}{n:08x}", unix_now())
+}

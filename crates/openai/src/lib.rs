@@ -23,5 +23,5 @@ pub use embeddings::*;
 pub use error::{error_message, ApiError};
 pub use json::parse_body;
 pub use models::*;
-pub use response_format::output_constraint;
+pub use response_format::{checked_schema, output_constraint};
 pub use sampling::*;

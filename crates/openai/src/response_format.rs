@@ -83,8 +83,10 @@ fn response_format_constraint(format: Option<&Value>) -> Result<Option<Constrain
 }
 
 /// A JSON Schema is an object (or `true`/`false`); what it says is checked when an engine
-/// compiles it, and a schema the engine cannot follow is a 400 on the same field.
-fn checked_schema(schema: &Value, param: &str) -> Result<Constraint, ApiError> {
+/// compiles it, and a schema the engine cannot follow is a 400 on the same field. Every API that
+/// takes a schema for the answer (Responses' `text.format`, Anthropic's `output_config.format`)
+/// goes through this.
+pub fn checked_schema(schema: &Value, param: &str) -> Result<Constraint, ApiError> {
     match schema {
         Value::Object(_) | Value::Bool(true) => Ok(schema_constraint(schema)),
         Value::Bool(false) => Err(ApiError::invalid(param, "`false` admits no output")),

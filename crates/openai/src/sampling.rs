@@ -6,7 +6,7 @@
 //! model is known, by [`SamplingBounds::check_top_k`].
 
 use crate::ApiError;
-pub use llmr_engine_types::{Sampling, UnsetSampling};
+pub use llmr_engine_types::{Constraint, Sampling, UnsetSampling};
 use serde::Deserialize;
 
 /// `stop`: one string or a list of them.

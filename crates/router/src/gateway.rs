@@ -24,6 +24,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
+use llmr_anthropic::{CountTokensRequest, MessagesRequest};
 use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList};
 use llmr_telemetry::error_chain;
 use llmr_telemetry::request_id::{self, RequestId};
@@ -40,6 +41,9 @@ pub enum Endpoint {
     Chat,
     Completions,
     Embeddings,
+    /// Anthropic's Messages API.
+    Messages,
+    CountTokens,
 }
 
 impl Endpoint {
@@ -48,6 +52,8 @@ impl Endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
             Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
         }
     }
 
@@ -56,6 +62,16 @@ impl Endpoint {
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
             Endpoint::Embeddings => "embeddings",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count_tokens",
+        }
+    }
+
+    /// A failure after a stream started, as this endpoint's clients read one.
+    fn error_event(self, e: &ApiError) -> String {
+        match self {
+            Endpoint::Messages => llmr_anthropic::error::error_event(e),
+            _ => llmr_openai::sse::error_event(e),
         }
     }
 }
@@ -82,6 +98,15 @@ fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
             let r = llmr_openai::parse_body::<EmbeddingRequest>(body)?.validate()?;
             Ok(Routed { model: r.model, stream: false, affinity: None })
         }
+        Endpoint::Messages => {
+            let r = llmr_openai::parse_body::<MessagesRequest>(body)?.validate()?;
+            let leading = serde_json::to_string(&r.messages).unwrap_or_default();
+            Ok(Routed { affinity: Some(affinity_key(&r.model, &leading)), model: r.model, stream: r.stream })
+        }
+        Endpoint::CountTokens => {
+            let r = llmr_openai::parse_body::<CountTokensRequest>(body)?.validate()?;
+            Ok(Routed { model: r.model, stream: false, affinity: None })
+        }
     }
 }
 
@@ -95,6 +120,18 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     proxy(state, id, Endpoint::Completions, body).await
+}
+
+pub async fn messages(state: State<Arc<RouterState>>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, id, Endpoint::Messages, body).await
+}
+
+pub async fn count_tokens(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy(state, id, Endpoint::CountTokens, body).await
 }
 
 pub async fn embeddings(
@@ -279,7 +316,7 @@ async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_fl
     let is_sse = headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if req.routed.stream && is_sse && status.is_success() {
         let name = node.name.clone();
-        let (id, model) = (req.id.clone(), req.routed.model.clone());
+        let (id, model, endpoint) = (req.id.clone(), req.routed.model.clone(), req.endpoint);
         let mut guard = Some(in_flight);
         // Chunks pass through as they come; an error ends the stream with one SSE error event.
         let body = upstream.bytes_stream().scan(false, move |cut, chunk| {
@@ -293,7 +330,7 @@ async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_fl
                     let e = ApiError::with_status(502, format!("node '{name}' failed mid-stream: {}", error_chain(&e)));
                     // Polled by the server after the handler returned: outside the request's span.
                     tracing::warn!(request_id = %id, node = %name, model = %model, "{}", e.message);
-                    Some(Ok(Bytes::from(llmr_openai::sse::error_event(&e))))
+                    Some(Ok(Bytes::from(endpoint.error_event(&e))))
                 }
             };
             std::future::ready(item)

@@ -45,6 +45,13 @@ impl Router {
             .route("/models", get(gateway::list_models))
             .route("/models/{*id}", get(gateway::get_model))
             .route_layer(middleware::from_fn_with_state(s.clone(), auth::api));
+        // Anthropic's Messages API: its errors (authentication's and the gateway's too) in
+        // Anthropic's shape.
+        let anthropic = axum::Router::new()
+            .route("/messages", post(gateway::messages))
+            .route("/messages/count_tokens", post(gateway::count_tokens))
+            .route_layer(middleware::from_fn_with_state(s.clone(), auth::api))
+            .route_layer(middleware::from_fn(llmr_anthropic::error::anthropic_errors));
         let node_calls = axum::Router::new()
             .route("/nodes", post(admin::register_node))
             .route("/nodes/{id}/heartbeat", post(admin::heartbeat))
@@ -60,7 +67,7 @@ impl Router {
             .route("/keys/{id}", delete(admin::revoke_key))
             .route_layer(middleware::from_fn_with_state(s.clone(), auth::admin));
         axum::Router::new()
-            .nest("/v1", v1)
+            .nest("/v1", v1.merge(anthropic))
             .nest("/v0", node_calls.merge(admin_calls))
             .route("/health", get(health))
             .route("/metrics", get(metrics))

@@ -136,9 +136,8 @@ impl ChatEncoder {
 }
 
 impl Encoder for ChatEncoder {
-    fn open(&mut self, out: &mut Vec<String>) {
-        self.parser =
-            self.tools.as_ref().map(|t| StreamParser::new(t.format, t.allowed.clone()).with_prefill(&t.prefill));
+    fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
+        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
         let role = Delta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() };
         out.push(self.delta(role, None, None));
     }
@@ -179,8 +178,7 @@ impl Encoder for ChatEncoder {
     fn complete(self, c: Collected) -> Response {
         let (content, calls) = match &self.tools {
             Some(t) => {
-                let allowed: Vec<&str> = t.allowed.iter().map(String::as_str).collect();
-                let parsed = t.format.parse_with_prefill(&t.prefill, &c.text, &allowed);
+                let parsed = t.parse(&c.text);
                 (parsed.content, parsed.calls)
             }
             None => (c.text, Vec::new()),

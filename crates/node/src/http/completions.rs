@@ -103,7 +103,7 @@ impl CompletionEncoder {
 }
 
 impl Encoder for CompletionEncoder {
-    fn open(&mut self, out: &mut Vec<String>) {
+    fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
         if !self.echo.is_empty() {
             let echo = std::mem::take(&mut self.echo);
             out.push(self.chunk(echo, None, None));

@@ -7,6 +7,7 @@ mod chat;
 mod completions;
 mod embeddings;
 mod error;
+mod messages;
 mod models;
 mod ops;
 pub mod pipeline;
@@ -92,8 +93,14 @@ pub fn router(state: SharedState) -> Router {
         .route("/models", get(models::list))
         .route("/models/{*id}", get(models::get))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    // Anthropic's Messages API: its errors (authentication's too) in Anthropic's shape.
+    let anthropic = Router::new()
+        .route("/messages", post(messages::handle))
+        .route("/messages/count_tokens", post(messages::count_tokens))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .route_layer(middleware::from_fn(llmr_anthropic::error::anthropic_errors));
     Router::new()
-        .nest("/v1", v1)
+        .nest("/v1", v1.merge(anthropic))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .fallback(not_found)

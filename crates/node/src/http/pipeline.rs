@@ -25,8 +25,9 @@ use std::time::Instant;
 
 /// How one endpoint writes a generation: as stream events, or as one answer.
 pub trait Encoder: Send + 'static {
-    /// Events before the first piece (a role delta, an echoed prompt).
-    fn open(&mut self, out: &mut Vec<String>);
+    /// Events before the first piece (a role delta, an echoed prompt); `prompt_tokens` is the
+    /// prompt's length in tokens.
+    fn open(&mut self, prompt_tokens: u32, out: &mut Vec<String>);
     /// Events for one piece of generated text (none while it may still be part of a tool call).
     fn piece(&mut self, piece: Piece, out: &mut Vec<String>);
     /// The last events of a finished generation: finish reason, usage, the end marker.
@@ -130,7 +131,7 @@ where
     let input = GenerationInput { prompt, sampling, endpoint: req.endpoint, arrived: req.arrived };
     let gen = generation::begin(&model, &state.cache, input).await?;
     if req.stream {
-        stream(gen, encoder, req.endpoint, id.clone(), blame).await
+        stream(gen, encoder, prompt_tokens, req.endpoint, id.clone(), blame).await
     } else {
         Ok(encoder.complete(generation::collect(gen).await.map_err(|e| blame.error(e))?))
     }
@@ -167,6 +168,7 @@ impl Blame {
 async fn stream<E: Encoder>(
     mut gen: Generation,
     mut encoder: E,
+    prompt_tokens: u32,
     endpoint: &'static str,
     id: RequestId,
     blame: Blame,
@@ -176,7 +178,7 @@ async fn stream<E: Encoder>(
         return Err(blame.error(e));
     }
     let mut out = Vec::new();
-    encoder.open(&mut out);
+    encoder.open(prompt_tokens, &mut out);
     // The body is polled after the handler returned: the pump keeps the request's id and span for
     // what it logs.
     let span = tracing::Span::current();

@@ -339,3 +339,86 @@ async fn a_repeated_greedy_request_is_answered_from_the_cache() {
     let text = String::from_utf8(axum::body::to_bytes(metrics.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap();
     assert!(text.lines().any(|l| l == "llmr_generation_cache_hits_total{model=\"echo-cached\"} 1"), "{text}");
 }
+
+/// The `event:` names and JSON payloads of an Anthropic-style SSE body.
+async fn named_events(resp: Response) -> Vec<(String, Value)> {
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (name, data) = e.split_once('\n').unwrap_or_else(|| panic!("{e:?}"));
+            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            (name.strip_prefix("event: ").unwrap().to_owned(), data)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn anthropic_messages_stream_the_same_answer_and_fail_in_anthropics_shape() {
+    let n = node_with("echo-claude", 0, |c| c.api_keys = vec!["secret".into()]);
+    let keyed = |path: &str, body: Value| {
+        let mut req = post(path, body);
+        req.headers_mut().insert("x-api-key", "secret".parse().unwrap());
+        req
+    };
+    let body = json!({"model": "echo-claude", "max_tokens": 3, "system": "sys",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi there"}]}]});
+    let resp = call(&n, keyed("/v1/messages", body.clone())).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().contains_key("request-id"));
+    let whole: Value = body_json(resp).await;
+    assert_eq!((whole["type"].as_str(), whole["stop_reason"].as_str()), (Some("message"), Some("max_tokens")));
+    let text = whole["content"][0]["text"].as_str().unwrap().to_owned();
+    assert_eq!(
+        text, "<|im_start|>system sys<|im_end|> <|im_start|>user",
+        "the echo engine repeats the rendered prompt"
+    );
+    let counted: Value = body_json(call(&n, keyed("/v1/messages/count_tokens", body.clone())).await).await;
+    assert_eq!(counted["input_tokens"], whole["usage"]["input_tokens"]);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = named_events(call(&n, keyed("/v1/messages", streamed)).await).await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(&names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"]);
+    assert!(events.iter().all(|(name, data)| data["type"] == name.as_str()));
+    let deltas: String = events
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .map(|(_, d)| d["delta"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, text);
+    assert_eq!(events[0].1["message"]["usage"]["input_tokens"], whole["usage"]["input_tokens"]);
+    let (_, delta) = &events[events.len() - 2];
+    assert_eq!(
+        (delta["delta"]["stop_reason"].as_str(), delta["usage"]["output_tokens"].as_u64()),
+        (Some("max_tokens"), Some(3))
+    );
+
+    // Errors, authentication's included, in Anthropic's shape, naming the field.
+    let shape = |v: &Value| (v["type"].as_str().map(str::to_owned), v["error"]["type"].as_str().map(str::to_owned));
+    let unkeyed = call(&n, post("/v1/messages", body.clone())).await;
+    assert_eq!(unkeyed.status(), StatusCode::UNAUTHORIZED);
+    let v: Value = body_json(unkeyed).await;
+    assert_eq!(shape(&v), (Some("error".into()), Some("authentication_error".into())));
+    let bad = json!({"model": "echo-claude", "max_tokens": 3,
+        "messages": [{"role": "user", "content": [{"type": "hologram"}]}]});
+    let resp = call(&n, keyed("/v1/messages", bad)).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let v: Value = body_json(resp).await;
+    assert_eq!(shape(&v), (Some("error".into()), Some("invalid_request_error".into())));
+    assert!(v["error"]["message"].as_str().unwrap().starts_with("messages[0].content[0].type"), "{v}");
+    let missing = call(
+        &n,
+        keyed(
+            "/v1/messages",
+            json!({"model": "nope", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        ),
+    )
+    .await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert_eq!(shape(&body_json(missing).await), (Some("error".into()), Some("not_found_error".into())));
+}

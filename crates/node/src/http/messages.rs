@@ -1,0 +1,186 @@
+//! `POST /v1/messages` (Anthropic's Messages API): the request becomes the same domain chat
+//! request as `/v1/chat/completions` (rendered, constrained and tool-parsed by the same code);
+//! the answer is a `message` with text and `tool_use` blocks, or its stream of events.
+//! `POST /v1/messages/count_tokens`: the rendered prompt's length.
+//!
+//! Errors leave as `ApiError`; the routes' `anthropic_errors` layer gives them Anthropic's shape.
+
+use super::pipeline::{self, Encoder, GenerationRequest};
+use super::{parse_json, SharedState};
+use crate::generation::{self, Collected, Finished, Piece};
+use crate::prompt::{render_chat, ToolParsing};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use llmr_anthropic::{
+    error::error_event, tool_input, BlockWriter, ContentBlock, CountTokensRequest, Message, MessageDelta,
+    MessagesRequest, StopReason, StreamEvent, TokenCount, Usage,
+};
+use llmr_openai::{new_underscore_id, ApiError};
+use llmr_telemetry::RequestId;
+use llmr_tool_calls::{ParsedCall, StreamEvent as ParsedEvent, StreamParser};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+const ENDPOINT: &str = "messages";
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrived = Instant::now();
+    pipeline::respond(ENDPOINT, &id, async {
+        let req = parse_json::<MessagesRequest>(body, state.body_limit)?.validate()?;
+        let generation = GenerationRequest {
+            endpoint: ENDPOINT,
+            model: req.model.clone(),
+            sampling: req.sampling.clone(),
+            stream: req.stream,
+            prompt_param: "messages",
+            constraint_param: req.constraint_param,
+            unset: req.unset,
+            arrived,
+        };
+        pipeline::generate(&state, &id, generation, |model| {
+            let (prompt, tools) = render_chat(model, &req)?;
+            let encoder = MessagesEncoder {
+                id: new_underscore_id("msg", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+                model: model.name.clone(),
+                tools,
+                parser: None,
+                blocks: BlockWriter::default(),
+                calls: 0,
+                prompt_tokens: 0,
+            };
+            Ok((prompt, encoder))
+        })
+        .await
+    })
+    .await
+}
+
+pub async fn count_tokens(
+    State(state): State<SharedState>,
+    id: RequestId,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    pipeline::respond("count_tokens", &id, async {
+        let req = parse_json::<CountTokensRequest>(body, state.body_limit)?.validate()?;
+        let model = state.models.get(&req.model).await?;
+        pipeline::record_model(&model);
+        let (prompt, _) = render_chat(&model, &req)?;
+        let input_tokens = generation::count_tokens(&model, &prompt).await?;
+        Ok(Json(TokenCount { input_tokens }).into_response())
+    })
+    .await
+}
+
+struct MessagesEncoder {
+    id: String,
+    model: String,
+    tools: Option<ToolParsing>,
+    /// Reads tool calls out of a streamed answer (made when the stream opens).
+    parser: Option<StreamParser>,
+    blocks: BlockWriter,
+    /// Tool calls made so far.
+    calls: usize,
+    prompt_tokens: u32,
+}
+
+/// A generation cut by the length limit is `max_tokens` even after calls (the answer is cut).
+fn stop_reason(f: &Finished, called: bool) -> StopReason {
+    match (f.stopped, called) {
+        (false, _) => StopReason::MaxTokens,
+        (true, true) => StopReason::ToolUse,
+        (true, false) => StopReason::EndTurn,
+    }
+}
+
+fn usage(f: &Finished) -> Usage {
+    Usage {
+        input_tokens: f.prompt_tokens,
+        output_tokens: f.completion_tokens,
+        cache_read_input_tokens: f.cached_tokens,
+        cache_creation_input_tokens: 0,
+    }
+}
+
+impl MessagesEncoder {
+    fn call_id(&self, index: usize) -> String {
+        format!("toolu_{}_{index}", self.id.trim_start_matches("msg_"))
+    }
+
+    fn parsed(&mut self, events: Vec<ParsedEvent>, out: &mut Vec<String>) {
+        for ev in events {
+            match ev {
+                ParsedEvent::Content(text) => self.blocks.text(text, out),
+                ParsedEvent::Call { index, call } => {
+                    self.calls += 1;
+                    let ParsedCall { name, arguments } = call;
+                    self.blocks.tool_use(self.call_id(index), name, arguments, out);
+                }
+            }
+        }
+    }
+}
+
+impl Encoder for MessagesEncoder {
+    fn open(&mut self, prompt_tokens: u32, out: &mut Vec<String>) {
+        self.prompt_tokens = prompt_tokens;
+        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
+        let usage = Usage { input_tokens: prompt_tokens, ..Default::default() };
+        out.push(StreamEvent::MessageStart { message: Message::new(self.id.clone(), self.model.clone(), usage) }.sse());
+    }
+
+    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+        match self.parser.as_mut() {
+            Some(parser) => {
+                let events = parser.push(&piece.text);
+                self.parsed(events, out);
+            }
+            None => self.blocks.text(piece.text, out),
+        }
+    }
+
+    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+        if let Some(parser) = self.parser.as_mut() {
+            let events = parser.finish();
+            self.parsed(events, out);
+        }
+        self.blocks.close(out);
+        let delta = MessageDelta { stop_reason: stop_reason(&finished, self.calls > 0), stop_sequence: None };
+        out.push(StreamEvent::MessageDelta { delta, usage: usage(&finished) }.sse());
+        out.push(StreamEvent::MessageStop.sse());
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
+        out.push(error_event(error));
+    }
+
+    fn complete(self, c: Collected) -> Response {
+        let (text, calls) = match &self.tools {
+            Some(t) => {
+                let parsed = t.parse(&c.text);
+                (parsed.content, parsed.calls)
+            }
+            None => (c.text, Vec::new()),
+        };
+        let mut content = Vec::with_capacity(calls.len() + 1);
+        if !text.is_empty() && (calls.is_empty() || !text.trim().is_empty()) {
+            content.push(ContentBlock::Text { text });
+        }
+        let called = !calls.is_empty();
+        for (i, call) in calls.into_iter().enumerate() {
+            content.push(ContentBlock::ToolUse {
+                id: self.call_id(i),
+                name: call.name,
+                input: tool_input(&call.arguments),
+            });
+        }
+        let mut message = Message::new(self.id, self.model, usage(&c.finished));
+        message.content = content;
+        message.stop_reason = Some(stop_reason(&c.finished, called));
+        Json(message).into_response()
+    }
+}
