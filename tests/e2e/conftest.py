@@ -318,7 +318,8 @@ class LlmrCluster(Endpoint):
 
     def start(self) -> "LlmrCluster":
         check_prerequisites(self.models)
-        admin, self.api_key, node = self._key("admin", "admin"), self._key("e2e", "api"), self._key("nodes", "node")
+        self.admin_key, self.api_key = self._key("admin", "admin"), self._key("e2e", "api")
+        admin, node = self.admin_key, self._key("nodes", "node")
         m = self.router.start(
             [str(llmr_binary()), "router", "--host", "127.0.0.1", "--port", "0", "--allow-cpu-nodes",
              "--db", str(self.db)],

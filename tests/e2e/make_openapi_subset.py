@@ -39,6 +39,9 @@ ROOTS = [
     "ListModelsResponse",
     "Model",
     "ErrorResponse",
+    "Response",
+    "ResponseStreamEvent",
+    "ResponseItemList",
 ]
 REF_PREFIX = "#/components/schemas/"
 

@@ -13,6 +13,7 @@ mod error;
 mod json;
 mod models;
 mod response_format;
+mod responses;
 mod sampling;
 pub mod sse;
 
@@ -24,4 +25,5 @@ pub use error::{error_message, ApiError};
 pub use json::parse_body;
 pub use models::*;
 pub use response_format::{checked_schema, output_constraint};
+pub use responses::*;
 pub use sampling::*;

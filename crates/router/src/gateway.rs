@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use llmr_anthropic::{CountTokensRequest, MessagesRequest};
-use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList};
+use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ResponsesRequest};
 use llmr_telemetry::error_chain;
 use llmr_telemetry::request_id::{self, RequestId};
 use std::sync::Arc;
@@ -44,6 +44,7 @@ pub enum Endpoint {
     /// Anthropic's Messages API.
     Messages,
     CountTokens,
+    Responses,
 }
 
 impl Endpoint {
@@ -54,6 +55,7 @@ impl Endpoint {
             Endpoint::Embeddings => "/v1/embeddings",
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Responses => "/v1/responses",
         }
     }
 
@@ -64,6 +66,7 @@ impl Endpoint {
             Endpoint::Embeddings => "embeddings",
             Endpoint::Messages => "messages",
             Endpoint::CountTokens => "count_tokens",
+            Endpoint::Responses => "responses",
         }
     }
 
@@ -77,10 +80,10 @@ impl Endpoint {
 }
 
 /// What the router needs from a request body.
-struct Routed {
-    model: String,
-    stream: bool,
-    affinity: Option<u64>,
+pub(crate) struct Routed {
+    pub model: String,
+    pub stream: bool,
+    pub affinity: Option<u64>,
 }
 
 fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
@@ -106,6 +109,15 @@ fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
         Endpoint::CountTokens => {
             let r = llmr_openai::parse_body::<CountTokensRequest>(body)?.validate()?;
             Ok(Routed { model: r.model, stream: false, affinity: None })
+        }
+        Endpoint::Responses => {
+            let r = llmr_openai::parse_body::<ResponsesRequest>(body)?.validate()?;
+            let leading = serde_json::to_string(&r.chat.messages).unwrap_or_default();
+            Ok(Routed {
+                affinity: Some(affinity_key(&r.chat.model, &leading)),
+                model: r.chat.model,
+                stream: r.chat.stream,
+            })
         }
     }
 }
@@ -154,7 +166,7 @@ pub async fn get_model(State(state): State<Arc<RouterState>>, Path(id): Path<Str
     }
 }
 
-fn rejection_error(rejection: BytesRejection, limit: usize) -> ApiError {
+pub(crate) fn rejection_error(rejection: BytesRejection, limit: usize) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::payload_too_large(limit)
     } else {
@@ -168,6 +180,8 @@ struct Proxied {
     endpoint: Endpoint,
     routed: Routed,
     body: Bytes,
+    /// Sent to the node besides the request's own.
+    headers: HeaderMap,
 }
 
 async fn proxy(
@@ -183,12 +197,25 @@ async fn proxy(
         Ok(ok) => ok,
         Err(e) => return refuse(endpoint, e),
     };
+    send(&state, id, endpoint, routed, body, HeaderMap::new(), started).await
+}
+
+/// Sends a validated request to a node: picks, forwards, retries.
+pub(crate) async fn send(
+    state: &Arc<RouterState>,
+    id: RequestId,
+    endpoint: Endpoint,
+    routed: Routed,
+    body: Bytes,
+    headers: HeaderMap,
+    started: Instant,
+) -> Response {
     if !state.is_known_model(&routed.model) {
         return refuse(endpoint, ApiError::model_not_found(&routed.model));
     }
     // Recorded once known to be a model (a registered or reported name, not any client text).
     tracing::Span::current().record("model", tracing::field::display(&routed.model));
-    let req = Proxied { id, endpoint, routed, body };
+    let req = Proxied { id, endpoint, routed, body, headers };
     let routed = &req.routed;
     let mut tried: Vec<String> = Vec::new();
     // The last failure: a node's own reply when there was one, else our description of it.
@@ -206,7 +233,7 @@ async fn proxy(
         tried.push(node.id.clone());
         tracing::Span::current().record("node", tracing::field::display(&node.name));
         let in_flight = node.begin();
-        match forward(&state, &node, &req, in_flight).await {
+        match forward(state, &node, &req, in_flight).await {
             Attempt::Done(resp) => {
                 record(endpoint, &routed.model, &node.name, resp.status().as_u16(), started);
                 return resp;
@@ -245,7 +272,7 @@ fn backoff(attempt: u32) -> Duration {
     (FIRST_BACKOFF * 2u32.saturating_pow(attempt.saturating_sub(1))).min(MAX_BACKOFF)
 }
 
-fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
+pub(crate) fn refuse(endpoint: Endpoint, e: ApiError) -> Response {
     metrics::counter!(m::REJECTED, "endpoint" => endpoint.label(), "status" => e.status.to_string()).increment(1);
     // A 413 says `Connection: close` itself: the rest of the body was never read.
     e.into_response()
@@ -276,6 +303,7 @@ async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_fl
         .post(format!("{}{}", node.url, req.endpoint.path()))
         .header(header::CONTENT_TYPE, "application/json")
         .header(request_id::HEADER, req.id.as_str())
+        .headers(req.headers.clone())
         .bearer_auth(&node.secret)
         .body(req.body.clone())
         .send()

@@ -21,6 +21,7 @@ pub mod keys;
 pub mod metrics;
 pub mod nodes;
 pub mod registration;
+pub mod responses;
 pub mod server;
 pub mod state;
 

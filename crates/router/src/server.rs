@@ -3,7 +3,7 @@
 
 use crate::config::RouterConfig;
 use crate::state::{EmbeddedNode, RouterState};
-use crate::{admin, auth, gateway, metrics as m};
+use crate::{admin, auth, gateway, metrics as m, responses};
 use anyhow::Result;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
@@ -42,6 +42,9 @@ impl Router {
             .route("/chat/completions", post(gateway::chat))
             .route("/completions", post(gateway::completions))
             .route("/embeddings", post(gateway::embeddings))
+            .route("/responses", post(responses::create))
+            .route("/responses/{id}", get(responses::retrieve).delete(responses::delete))
+            .route("/responses/{id}/input_items", get(responses::input_items_list))
             .route("/models", get(gateway::list_models))
             .route("/models/{*id}", get(gateway::get_model))
             .route_layer(middleware::from_fn_with_state(s.clone(), auth::api));

@@ -11,6 +11,7 @@ mod messages;
 mod models;
 mod ops;
 pub mod pipeline;
+pub mod responses;
 pub use ops::health_report;
 mod sse;
 
@@ -90,6 +91,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/chat/completions", post(chat::handle))
         .route("/completions", post(completions::handle))
         .route("/embeddings", post(embeddings::handle))
+        .route("/responses", post(responses::handle))
         .route("/models", get(models::list))
         .route("/models/{*id}", get(models::get))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));

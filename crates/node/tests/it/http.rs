@@ -422,3 +422,22 @@ async fn anthropic_messages_stream_the_same_answer_and_fail_in_anthropics_shape(
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     assert_eq!(shape(&body_json(missing).await), (Some("error".into()), Some("not_found_error".into())));
 }
+
+#[tokio::test]
+async fn a_node_keeps_no_responses_and_says_so() {
+    let n = node("echo-resp");
+    let body = json!({"model": "echo-resp", "input": "hi there", "max_output_tokens": 2});
+    let r: Value = body_json(call(&n, post("/v1/responses", body.clone())).await).await;
+    assert_eq!((r["object"].as_str(), r["status"].as_str()), (Some("response"), Some("incomplete")));
+    assert_eq!(r["store"], false, "straight to a node, nothing is stored");
+    assert_eq!(r["output"][0]["content"][0]["text"], "<|im_start|>user hi");
+    let mut chained = body.clone();
+    chained["previous_response_id"] = json!("resp_1");
+    let (status, e) = error_of(call(&n, post("/v1/responses", chained.clone())).await).await;
+    assert_eq!((status, e["param"].as_str()), (StatusCode::BAD_REQUEST, Some("previous_response_id")));
+    // The router resolves `previous_response_id` and stores: it says so with its header.
+    let mut req = post("/v1/responses", chained);
+    req.headers_mut().insert("x-llmr-response-store", "1".parse().unwrap());
+    let r: Value = body_json(call(&n, req).await).await;
+    assert_eq!((r["store"].as_bool(), r["previous_response_id"].as_str()), (Some(true), Some("resp_1")));
+}

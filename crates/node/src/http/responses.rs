@@ -1,0 +1,155 @@
+//! `POST /v1/responses` (OpenAI's Responses API): the request's items become the same domain
+//! chat request as `/v1/chat/completions`; the answer is a response object with message and
+//! `function_call` items, or its typed events.
+//!
+//! The node keeps nothing: `previous_response_id` is resolved, and the response stored, by the
+//! router, which says so with [`STORE_HEADER`] and sends the earlier items in `input`. Sent to a
+//! node directly, `previous_response_id` is a 400 and `store` is reported `false`.
+
+use super::pipeline::{self, Encoder, GenerationRequest};
+use super::{parse_json, SharedState};
+use crate::generation::{Collected, Finished, Piece};
+use crate::prompt::{render_chat, ToolParsing};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use llmr_openai::{unix_now, ApiError, Ending, ResponseObject, ResponseStream, ResponseUsage, ResponsesRequest};
+use llmr_telemetry::RequestId;
+use llmr_tool_calls::{StreamEvent as ParsedEvent, StreamParser};
+use std::time::Instant;
+
+const ENDPOINT: &str = "responses";
+
+/// Sent by the router: it resolved `previous_response_id` and stores this response.
+pub const STORE_HEADER: &str = "x-llmr-response-store";
+
+pub async fn handle(
+    State(state): State<SharedState>,
+    id: RequestId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    pipeline::respond(ENDPOINT, &id, async {
+        let call = parse_json::<ResponsesRequest>(body, state.body_limit)?.validate()?;
+        let router_stores = headers.contains_key(STORE_HEADER);
+        if call.echo.previous_response_id.is_some() && !router_stores {
+            return Err(ApiError::invalid(
+                "previous_response_id",
+                "a node stores no responses: send the request through `llmr router` or `llmr serve`",
+            ));
+        }
+        let req = call.chat;
+        let generation = GenerationRequest {
+            endpoint: ENDPOINT,
+            model: req.model.clone(),
+            sampling: req.sampling.clone(),
+            stream: req.stream,
+            prompt_param: "input",
+            constraint_param: req.constraint_param,
+            unset: req.unset,
+            arrived,
+        };
+        let (echo, store) = (call.echo, call.store && router_stores);
+        pipeline::generate(&state, &id, generation, |model| {
+            let (prompt, tools) = render_chat(model, &req)?;
+            let response_id = format!("resp_{}", RequestId::new());
+            let start = ResponseObject::in_progress(response_id, model.name.clone(), unix_now(), &echo, store);
+            Ok((prompt, ResponsesEncoder { stream: ResponseStream::new(start), tools, parser: None, calls: 0 }))
+        })
+        .await
+    })
+    .await
+}
+
+struct ResponsesEncoder {
+    stream: ResponseStream,
+    tools: Option<ToolParsing>,
+    /// Reads tool calls out of a streamed answer (made when the stream opens).
+    parser: Option<StreamParser>,
+    calls: usize,
+}
+
+fn ending(f: &Finished) -> Ending {
+    if f.stopped {
+        Ending::Completed
+    } else {
+        Ending::Incomplete
+    }
+}
+
+fn usage(f: &Finished) -> ResponseUsage {
+    ResponseUsage::new(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
+}
+
+impl ResponsesEncoder {
+    fn call_id(&self, index: usize) -> String {
+        format!("call_{}_{index}", self.stream.id().trim_start_matches("resp_"))
+    }
+
+    fn parsed(&mut self, events: Vec<ParsedEvent>, out: &mut Vec<String>) {
+        for ev in events {
+            match ev {
+                ParsedEvent::Content(text) => self.stream.text(text, out),
+                ParsedEvent::Call { index, call } => {
+                    self.calls += 1;
+                    let call_id = self.call_id(index);
+                    self.stream.function_call(call_id, call.name, call.arguments, out);
+                }
+            }
+        }
+    }
+}
+
+impl Encoder for ResponsesEncoder {
+    fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
+        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
+        self.stream.open(out);
+    }
+
+    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+        match self.parser.as_mut() {
+            Some(parser) => {
+                let events = parser.push(&piece.text);
+                self.parsed(events, out);
+            }
+            None => self.stream.text(piece.text, out),
+        }
+    }
+
+    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+        if let Some(parser) = self.parser.as_mut() {
+            let events = parser.finish();
+            self.parsed(events, out);
+        }
+        self.stream.finish(usage(&finished), ending(&finished), unix_now(), out);
+    }
+
+    fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
+        self.stream.fail(error, out);
+    }
+
+    fn complete(mut self, c: Collected) -> Response {
+        let (text, calls) = match &self.tools {
+            Some(t) => {
+                let parsed = t.parse(&c.text);
+                (parsed.content, parsed.calls)
+            }
+            None => (c.text, Vec::new()),
+        };
+        // The same events a stream would send, kept only for the object they build.
+        let mut discard = Vec::new();
+        if !text.is_empty() && (calls.is_empty() || !text.trim().is_empty()) {
+            self.stream.text(text, &mut discard);
+        }
+        for (i, call) in calls.into_iter().enumerate() {
+            let call_id = self.call_id(i);
+            self.stream.function_call(call_id, call.name, call.arguments, &mut discard);
+        }
+        self.stream.finish(usage(&c.finished), ending(&c.finished), unix_now(), &mut discard);
+        Json(self.stream.into_response_object()).into_response()
+    }
+}
