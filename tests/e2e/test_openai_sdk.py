@@ -717,6 +717,30 @@ def test_json_object_streams_one_object(client):
     assert isinstance(json.loads(text), dict), text
 
 
+@pytest.mark.parametrize("field,value,check", [
+    ("guided_choice", ["positive", "negative"], lambda t: t in ("positive", "negative")),
+    ("structured_outputs", {"choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
+    ("structured_outputs", {"regex": "[0-9]{3}-[0-9]{4}"}, lambda t: re.fullmatch("[0-9]{3}-[0-9]{4}", t)),
+    ("grammar", '%llguidance {}\nstart: "The answer is " NUM\nNUM: /[0-9]+/', lambda t: re.fullmatch("The answer is [0-9]+", t)),
+])
+def test_vllm_and_llama_server_constraint_fields(client, field, value, check):
+    """vLLM's `guided_choice` / `structured_outputs` and llama-server's llguidance `grammar`, hot."""
+    for seed in range(3):
+        res = client.chat.completions.create(
+            model="qwen", messages=[{"role": "user", "content": "Was the movie good? It was great fun."}],
+            max_tokens=20, temperature=1.0, seed=seed, extra_body={field: value},
+        )
+        text = res.choices[0].message.content
+        assert res.choices[0].finish_reason == "stop" and check(text), (seed, text)
+
+
+def test_gbnf_is_refused_not_ignored(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="qwen", max_tokens=5, messages=[{"role": "user", "content": "Hi"}],
+                                       extra_body={"grammar": 'root ::= "a"'})
+    assert err.value.body["param"] == "grammar"
+
+
 def test_a_schema_the_engine_cannot_compile_is_a_400_on_its_field(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}}
     with pytest.raises(openai.BadRequestError) as err:

@@ -91,7 +91,7 @@ def test_previous_response_id_continues_the_conversation(oai):
 
 def test_a_streamed_response_is_typed_and_stored(api, oai):
     raw = api.post("/v1/responses", {"model": MODEL, "input": "Count to five.", "max_output_tokens": 30, "stream": True})
-    events = sse_events(raw.text)
+    events = sse_events(raw.content.decode("utf-8"))
     for e in events:
         openapi.validate("ResponseStreamEvent", e)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))

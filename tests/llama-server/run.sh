@@ -77,6 +77,7 @@ BASIC_TESTS=(
     'unit/test_chat_completion.py::test_completion_with_response_format[response_format4-0-None]'
     'unit/test_chat_completion.py::test_completion_with_json_schema[False-json_schema0-6-"42"]'
     'unit/test_chat_completion.py::test_completion_with_json_schema[True-json_schema1-6-"42"]'
+    'unit/test_chat_completion.py::test_chat_template_continue_final_message_mutual_exclusion'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[None]'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[string]'
     'unit/test_chat_completion.py::test_invalid_chat_completion_req[messages2]'

@@ -39,8 +39,20 @@ impl Message {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
-    Text { text: String },
-    ToolUse { id: String, name: String, input: Value },
+    Text {
+        text: String,
+    },
+    /// A reasoning model's thinking. `signature` is Anthropic's proof of origin; this server
+    /// signs nothing and sends it empty.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +96,7 @@ pub enum StreamEvent {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BlockDelta {
     TextDelta { text: String },
+    ThinkingDelta { thinking: String },
     InputJsonDelta { partial_json: String },
 }
 
@@ -111,15 +124,21 @@ impl StreamEvent {
     }
 }
 
-/// The content blocks of a streamed message, opened and closed in order: text goes into the
-/// open text block (one is opened when needed), a tool call is a block of its own whose input
-/// arrives as one `input_json_delta`.
+/// The content blocks of a streamed message, opened and closed in order: thinking and text go
+/// into the open block of their kind (one is opened when needed, closing the other), a tool call
+/// is a block of its own whose input arrives as one `input_json_delta`.
 #[derive(Debug, Default)]
 pub struct BlockWriter {
     /// Index of the next block.
     next: usize,
-    /// The text block that is open.
-    open_text: Option<usize>,
+    /// The thinking or text block that is open, and its index.
+    open: Option<(Open, usize)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Thinking,
+    Text,
 }
 
 impl BlockWriter {
@@ -127,18 +146,35 @@ impl BlockWriter {
         if text.is_empty() {
             return;
         }
-        let index = match self.open_text {
-            Some(i) => i,
-            None => {
-                let i = self.next;
-                self.next += 1;
-                self.open_text = Some(i);
-                let start = ContentBlock::Text { text: String::new() };
-                out.push(StreamEvent::ContentBlockStart { index: i, content_block: start }.sse());
-                i
-            }
-        };
+        let index = self.open_block(Open::Text, out);
         out.push(StreamEvent::ContentBlockDelta { index, delta: BlockDelta::TextDelta { text } }.sse());
+    }
+
+    pub fn thinking(&mut self, thinking: String, out: &mut Vec<String>) {
+        if thinking.is_empty() {
+            return;
+        }
+        let index = self.open_block(Open::Thinking, out);
+        out.push(StreamEvent::ContentBlockDelta { index, delta: BlockDelta::ThinkingDelta { thinking } }.sse());
+    }
+
+    /// The index of the open block of `kind`, opening one (and closing the other kind) if needed.
+    fn open_block(&mut self, kind: Open, out: &mut Vec<String>) -> usize {
+        match self.open {
+            Some((open, index)) if open == kind => index,
+            _ => {
+                self.close(out);
+                let index = self.next;
+                self.next += 1;
+                self.open = Some((kind, index));
+                let start = match kind {
+                    Open::Text => ContentBlock::Text { text: String::new() },
+                    Open::Thinking => ContentBlock::Thinking { thinking: String::new(), signature: String::new() },
+                };
+                out.push(StreamEvent::ContentBlockStart { index, content_block: start }.sse());
+                index
+            }
+        }
     }
 
     /// A whole tool call: `input` is its arguments' JSON text.
@@ -154,9 +190,9 @@ impl BlockWriter {
         out.push(StreamEvent::ContentBlockStop { index }.sse());
     }
 
-    /// Closes the open text block, if any.
+    /// Closes the open thinking or text block, if any.
     pub fn close(&mut self, out: &mut Vec<String>) {
-        if let Some(index) = self.open_text.take() {
+        if let Some((_, index)) = self.open.take() {
             out.push(StreamEvent::ContentBlockStop { index }.sse());
         }
     }
@@ -190,6 +226,7 @@ mod tests {
     fn blocks_open_and_close_in_order() {
         let mut w = BlockWriter::default();
         let mut out = Vec::new();
+        w.thinking("Hmm.".into(), &mut out);
         w.text("Let me ".into(), &mut out);
         w.text("check.".into(), &mut out);
         w.tool_use("toolu_1".into(), "weather".into(), r#"{"city":"Paris"}"#.into(), &mut out);
@@ -202,19 +239,24 @@ mod tests {
         let want = [
             ("content_block_start", 0),
             ("content_block_delta", 0),
-            ("content_block_delta", 0),
             ("content_block_stop", 0),
             ("content_block_start", 1),
+            ("content_block_delta", 1),
             ("content_block_delta", 1),
             ("content_block_stop", 1),
             ("content_block_start", 2),
             ("content_block_delta", 2),
             ("content_block_stop", 2),
+            ("content_block_start", 3),
+            ("content_block_delta", 3),
+            ("content_block_stop", 3),
         ];
         assert_eq!(types, want.map(|(t, i)| (t.to_owned(), i)));
         let v = events(&out);
-        assert_eq!(v[4]["content_block"]["input"], serde_json::json!({}));
-        assert_eq!(v[5]["delta"]["partial_json"], r#"{"city":"Paris"}"#);
+        assert_eq!(v[0]["content_block"]["type"], "thinking");
+        assert_eq!(v[1]["delta"], serde_json::json!({"type": "thinking_delta", "thinking": "Hmm."}));
+        assert_eq!(v[7]["content_block"]["input"], serde_json::json!({}));
+        assert_eq!(v[8]["delta"]["partial_json"], r#"{"city":"Paris"}"#);
     }
 
     #[test]

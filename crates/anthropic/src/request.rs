@@ -193,6 +193,7 @@ impl MessagesRequest {
             parallel_tool_calls: conversation.parallel_tool_calls,
             unset,
             continue_final_message: conversation.continue_final_message,
+            add_generation_prompt: true,
         })
     }
 }
@@ -221,6 +222,7 @@ impl CountTokensRequest {
             parallel_tool_calls: c.parallel_tool_calls,
             unset: Default::default(),
             continue_final_message: c.continue_final_message,
+            add_generation_prompt: true,
         })
     }
 }

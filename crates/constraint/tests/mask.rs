@@ -92,6 +92,21 @@ fn a_regex_allows_only_its_words_then_only_the_end() {
 }
 
 #[test]
+fn a_choice_regex_and_an_llguidance_marked_grammar_compile() {
+    let (vocab, tokens) = vocabulary();
+    let mut rng = fastrand::Rng::with_seed(5);
+    // What `guided_choice: ["yes", "no (maybe)"]` becomes, and llama-server's `%llguidance` form.
+    for grammar in [
+        Constraint::Regex(r"(yes|no \(maybe\))".into()),
+        Constraint::Lark("%llguidance {}\nstart: \"yes\" | \"no\"".into()),
+    ] {
+        let mut mask = vocab.compile(&grammar).unwrap();
+        let (text, end) = generate(&mut mask, &tokens, &mut rng, 12);
+        assert!(end && ["yes", "no", "no (maybe)"].contains(&text.as_str()), "{grammar:?}: {text:?}");
+    }
+}
+
+#[test]
 fn a_lark_grammar_can_name_a_special_token() {
     let (vocab, tokens) = vocabulary();
     let mut mask = vocab.compile(&Constraint::Lark("start: <|tool|> \"yes\"".into())).unwrap();
@@ -142,4 +157,58 @@ fn a_regex_feature_the_engine_lacks_is_an_error_not_a_hang() {
         assert!(err.is_some(), "{schema} compiled");
     }
     assert!(vocab.compile(&Constraint::Regex("(?<=a)b".into())).is_err());
+}
+
+/// A reasoning model thinks first, then answers under the constraint: the grammar of
+/// `ReasoningFormat::then` over a vocabulary with the think markers as tokens, with draws that
+/// prefer letters and take `</think>` now and then.
+#[test]
+fn a_constrained_answer_follows_the_thinking() {
+    use llmr_tool_calls::{AnswerGrammar, ReasoningFormat, ReasoningSplitter};
+    let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
+    for w in ["<think>", "</think>", "true", "false"] {
+        tokens.push(TokenBytes::Text(w.as_bytes().to_vec()));
+    }
+    tokens.push(TokenBytes::Special("<|end|>".into()));
+    let (open, close, end) = (256u32, 257u32, tokens.len() as u32 - 1);
+    let vocab = Vocabulary::new(tokens.clone(), &[end]).unwrap();
+    let format = ReasoningFormat::THINK;
+    let mut rng = fastrand::Rng::with_seed(11);
+    for inside in [true, false] {
+        let grammar = format.then(inside, AnswerGrammar::JsonSchema(r#"{"type":"boolean"}"#)).unwrap();
+        for round in 0..10 {
+            let mut mask = vocab.compile(&Constraint::Lark(grammar.clone())).unwrap();
+            let mut out = Vec::new();
+            let mut ended = false;
+            for step in 0..200 {
+                let mut logits = Vec::new();
+                mask.apply(&vec![0.0; tokens.len()], &mut logits).unwrap();
+                let allowed: Vec<u32> = (0..tokens.len() as u32).filter(|&i| logits[i as usize].is_finite()).collect();
+                let pick = |t: u32| allowed.contains(&t);
+                let letters: Vec<u32> =
+                    allowed.iter().copied().filter(|&t| (97..123).contains(&t) || t > close).collect();
+                let token = if !inside && step == 0 && round % 2 == 0 && pick(open) {
+                    open
+                } else if pick(close) && step > 3 && rng.f32() < 0.3 {
+                    close
+                } else if letters.is_empty() {
+                    allowed[rng.usize(..allowed.len())]
+                } else {
+                    letters[rng.usize(..letters.len())]
+                };
+                mask.accept(token).unwrap();
+                if token == end {
+                    ended = true;
+                    break;
+                }
+                if let TokenBytes::Text(b) = &tokens[token as usize] {
+                    out.extend_from_slice(b);
+                }
+            }
+            let text = String::from_utf8(out).unwrap();
+            assert!(ended, "{text:?}");
+            let (thought, answer) = ReasoningSplitter::split(format, inside, &text);
+            assert!(answer == "true" || answer == "false", "inside {inside}: {text:?} -> {thought:?} / {answer:?}");
+        }
+    }
 }

@@ -105,6 +105,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             parallel_tool_calls: true,
             unset: Default::default(),
             continue_final_message: false,
+            add_generation_prompt: true,
         };
         let (prompt, _) = render_chat(&model, &request)?;
         let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };

@@ -26,8 +26,10 @@ pub struct Prompt {
     /// Special tokens written in the text are tokens, not text.
     pub parse_special: bool,
     /// What the answer must be, when rendering the prompt decided it (a forced tool call's
-    /// grammar); it becomes the request's `Sampling::constraint`.
-    pub constraint: Option<Constraint>,
+    /// grammar, or the request's constraint after a reasoning model's thinking), and the request
+    /// field an engine's refusal of it is blamed on; it replaces the request's
+    /// `Sampling::constraint`.
+    pub constraint: Option<(Constraint, &'static str)>,
     /// The prompt as token ids, used as given (`text` is then empty).
     pub tokens: Option<Vec<u32>>,
 }

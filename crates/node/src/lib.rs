@@ -16,6 +16,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod answer;
 pub mod cache;
 pub mod control;
 pub mod engine;

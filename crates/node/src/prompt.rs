@@ -3,13 +3,14 @@
 //! crate does not know the wire), the model's template renders them, and a request that offers
 //! tools learns how to read calls back out of the answer.
 
+use crate::answer::Reading;
 use crate::error::NodeError;
 use crate::generation::Prompt;
 use crate::models::LoadedModel;
 use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, RenderInput, Role, Tool, ToolCall};
 use llmr_engine_host::{Capability, Constraint};
 use llmr_openai::{ChatMessage, ChatRequest, FunctionTool, MessageContent, MessagePart, ToolChoice};
-use llmr_tool_calls::{ParsedOutput, StreamParser, ToolCallFormat, ToolSchema};
+use llmr_tool_calls::{AnswerGrammar, ReasoningFormat, StreamParser, ToolCallFormat, ToolSchema};
 
 /// How tool calls are read from a request's output.
 #[derive(Clone, Debug)]
@@ -26,16 +27,12 @@ impl ToolParsing {
     pub fn stream_parser(&self) -> StreamParser {
         StreamParser::new(self.format, self.allowed.clone()).with_prefill(&self.prefill)
     }
-
-    /// Reads calls out of a whole answer (the same machine as the stream's).
-    pub fn parse(&self, text: &str) -> ParsedOutput {
-        let allowed: Vec<&str> = self.allowed.iter().map(String::as_str).collect();
-        self.format.parse_with_prefill(&self.prefill, text, &allowed)
-    }
 }
 
-/// The prompt for `req`, and how to read tool calls from the answer (when tools are offered).
-pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Option<ToolParsing>), NodeError> {
+/// The prompt for `req`, and how to read its answer: a reasoning model's thinking (when its
+/// template has it), tool calls (when tools are offered). Under a constraint, a model that thinks
+/// is let think first: the constraint holds the answer after its thinking.
+pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Reading), NodeError> {
     model.require(Capability::Text)?;
     let templates =
         model.templates.as_ref().ok_or(NodeError::Incapable { model: model.name.clone(), needs: Capability::Text })?;
@@ -50,17 +47,27 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Op
     };
     let messages: Vec<Message> = history.iter().map(template_message).collect();
     let tools: Vec<Tool> = req.tools.iter().map(template_tool).collect();
-    let mut input = RenderInput::new(&messages, true);
+    let mut input = RenderInput::new(&messages, req.add_generation_prompt || continued.is_some());
     if offer_tools {
         input = input.with_tools(&tools);
     }
     input.kwargs.extend(req.template_kwargs.clone());
     let mut text = templates.render(&input).map_err(|e| NodeError::Template(e.to_string()))?;
     text.push_str(continued.as_deref().unwrap_or_default());
+    let reasoning =
+        ReasoningFormat::detect(templates.select(offer_tools).source()).map(|f| (f, f.starts_inside(&text)));
     // Under a `response_format` the answer is the document its schema describes: read as a tool
     // call, a JSON answer that happens to look like one would be lost to the client.
     if !offer_tools || req.sampling.constraint.is_some() {
-        return Ok((Prompt::rendered(text), None));
+        let mut prompt = Prompt::rendered(text);
+        prompt.constraint = match (&req.sampling.constraint, reasoning) {
+            // A client's own Lark grammar says itself what comes first.
+            (Some(c), Some((format, inside))) if !matches!(c, Constraint::Lark(_)) => {
+                after_thinking(c, format, inside).map(|c| (c, req.constraint_param))
+            }
+            _ => None,
+        };
+        return Ok((prompt, Reading { tools: None, reasoning }));
     }
     let template = templates.select(true);
     let architecture = model.engine.info().architecture.as_deref().unwrap_or_default();
@@ -87,8 +94,26 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Op
     text.push_str(&prefill);
     let allowed = req.tools.iter().map(|t| t.name.clone()).collect();
     let mut prompt = Prompt::rendered(text);
-    prompt.constraint = grammar.map(Constraint::Lark);
-    Ok((prompt, Some(ToolParsing { format, allowed, prefill })))
+    prompt.constraint = grammar.map(|g| {
+        let g = Constraint::Lark(g);
+        let g = match reasoning {
+            Some((format, inside)) => after_thinking(&g, format, inside).unwrap_or(g),
+            None => g,
+        };
+        (g, "tools")
+    });
+    Ok((prompt, Reading { tools: Some(ToolParsing { format, allowed, prefill }), reasoning }))
+}
+
+/// `constraint` held until the model's thinking is over (`None` for a Lark grammar that does not
+/// begin with its `start` rule).
+fn after_thinking(constraint: &Constraint, format: ReasoningFormat, inside: bool) -> Option<Constraint> {
+    let answer = match constraint {
+        Constraint::JsonSchema(schema) => AnswerGrammar::JsonSchema(schema),
+        Constraint::Regex(regex) => AnswerGrammar::Regex(regex),
+        Constraint::Lark(grammar) => AnswerGrammar::Lark(grammar),
+    };
+    format.then(inside, answer).map(Constraint::Lark)
 }
 
 fn template_role(role: llmr_openai::Role) -> Role {

@@ -3,7 +3,7 @@
 
 use crate::common::{Logprobs, StreamOptions, Usage};
 use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
-use crate::{output_constraint, ApiError};
+use crate::{output_constraint, ApiError, OutputFields};
 use serde::{Deserialize, Serialize};
 
 /// Who wrote a message.
@@ -64,8 +64,31 @@ pub struct ChatCompletionRequest {
     /// llama-server's: a JSON schema the answer must follow, as a `json_schema` response format.
     #[serde(default)]
     pub json_schema: Option<serde_json::Value>,
+    /// llama-server's grammar (Lark after `%llguidance`; GBNF is refused).
+    #[serde(default)]
+    pub grammar: Option<serde_json::Value>,
+    /// vLLM's structured outputs, and its older `guided_*` fields.
+    #[serde(default)]
+    pub structured_outputs: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_json: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_regex: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_grammar: Option<serde_json::Value>,
     #[serde(default)]
     pub user: Option<String>,
+    /// vLLM's (and transformers'): continue the final assistant message instead of answering it.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// vLLM's: `false` renders the conversation without the assistant's opening.
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// For reasoning models: handed to the chat template as `reasoning_effort` (gpt-oss's reads it).
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
     /// Passed to the chat template as variables (e.g. `enable_thinking`), as vLLM and llama.cpp do.
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
@@ -227,6 +250,8 @@ pub struct ChatRequest {
     /// The last message is the assistant's and the answer continues its text instead of
     /// starting a new turn (Anthropic's prefill; vLLM's `continue_final_message`).
     pub continue_final_message: bool,
+    /// The prompt ends with the assistant's opening (the template's generation prompt).
+    pub add_generation_prompt: bool,
 }
 
 impl ChatCompletionRequest {
@@ -328,13 +353,37 @@ impl ChatCompletionRequest {
             return Err(ApiError::invalid("tool_choice", "requires `tools`"));
         }
         let constraint_param;
-        (sampling.constraint, constraint_param) =
-            output_constraint(self.response_format.as_ref(), self.json_schema.as_ref())?;
+        (sampling.constraint, constraint_param) = output_constraint(OutputFields {
+            response_format: self.response_format.as_ref(),
+            json_schema: self.json_schema.as_ref(),
+            grammar: self.grammar.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        })?;
         if sampling.constraint.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
             return Err(ApiError::invalid(
                 "response_format",
                 "cannot be combined with a forced tool call (`tool_choice` `required` or a named function)",
             ));
+        }
+        let continue_final_message = self.continue_final_message.unwrap_or(false);
+        if continue_final_message {
+            if self.add_generation_prompt == Some(true) {
+                return Err(ApiError::invalid(
+                    "continue_final_message",
+                    "cannot be combined with `add_generation_prompt: true`",
+                ));
+            }
+            if messages.last().is_none_or(|m| m.role != Role::Assistant) {
+                return Err(ApiError::invalid("continue_final_message", "the last message must be the assistant's"));
+            }
+        }
+        let mut template_kwargs = self.chat_template_kwargs.unwrap_or_default();
+        if let Some(effort) = self.reasoning_effort {
+            template_kwargs.entry("reasoning_effort").or_insert(serde_json::Value::String(effort));
         }
         let stream = self.stream.unwrap_or(false);
         Ok(ChatRequest {
@@ -345,11 +394,12 @@ impl ChatCompletionRequest {
             sampling,
             stream,
             include_usage: stream && self.stream_options.is_some_and(|o| o.include_usage),
-            template_kwargs: self.chat_template_kwargs.unwrap_or_default(),
+            template_kwargs,
             constraint_param,
             parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
             unset,
-            continue_final_message: false,
+            continue_final_message,
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
         })
     }
 }
@@ -455,6 +505,9 @@ pub struct ChatChoice {
 pub struct ResponseMessage {
     pub role: Role,
     pub content: Option<String>,
+    /// A reasoning model's thinking, split from `content` (vLLM's and llama-server's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default)]
     pub refusal: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "crate::json::null_as_default")]
@@ -496,6 +549,8 @@ pub struct Delta {
     pub role: Option<Role>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "crate::json::null_as_default")]
     pub tool_calls: Vec<ToolCallChunk>,
 }
@@ -568,6 +623,15 @@ mod tests {
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3}"#, "top_logprobs"),
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#, "n"),
             (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "model"),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
+                "continue_final_message",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}],
+                    "continue_final_message":true,"add_generation_prompt":true}"#,
+                "continue_final_message",
+            ),
             (
                 r#"{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}"#,
                 "response_format.type",

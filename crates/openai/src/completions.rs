@@ -4,7 +4,7 @@ use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
 use crate::embeddings::token_ids;
 use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
-use crate::{output_constraint, ApiError};
+use crate::{output_constraint, ApiError, OutputFields};
 use serde::{Deserialize, Serialize};
 
 /// OpenAI's documented default for this endpoint.
@@ -57,6 +57,20 @@ pub struct CompletionRequest {
     /// llama-server's: a JSON schema the answer must follow, as a `json_schema` response format.
     #[serde(default)]
     pub json_schema: Option<serde_json::Value>,
+    /// llama-server's grammar (Lark after `%llguidance`; GBNF is refused).
+    #[serde(default)]
+    pub grammar: Option<serde_json::Value>,
+    /// vLLM's structured outputs, and its older `guided_*` fields.
+    #[serde(default)]
+    pub structured_outputs: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_json: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_regex: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub guided_grammar: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,8 +152,16 @@ impl CompletionRequest {
             }
         };
         let constraint_param;
-        (sampling.constraint, constraint_param) =
-            output_constraint(self.response_format.as_ref(), self.json_schema.as_ref())?;
+        (sampling.constraint, constraint_param) = output_constraint(OutputFields {
+            response_format: self.response_format.as_ref(),
+            json_schema: self.json_schema.as_ref(),
+            grammar: self.grammar.as_ref(),
+            structured_outputs: self.structured_outputs.as_ref(),
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_ref(),
+            guided_choice: self.guided_choice.as_ref(),
+            guided_grammar: self.guided_grammar.as_ref(),
+        })?;
         let stream = self.stream.unwrap_or(false);
         Ok(TextCompletionRequest {
             model: self.model,

@@ -24,6 +24,6 @@ pub use embeddings::*;
 pub use error::{error_message, ApiError};
 pub use json::parse_body;
 pub use models::*;
-pub use response_format::{checked_schema, output_constraint};
+pub use response_format::{checked_schema, output_constraint, OutputFields};
 pub use responses::*;
 pub use sampling::*;

@@ -1,6 +1,7 @@
 //! Finds tool calls in the text a model generates, so that the node can answer with `tool_calls`
-//! (finish reason `tool_calls`), streamed or not. Plain domain types only: the OpenAI wire types
-//! live in the `openai` crate.
+//! (finish reason `tool_calls`), streamed or not, and (`reasoning.rs`) a reasoning model's
+//! thinking, split from its answer. Plain domain types only: the OpenAI wire types live in the
+//! `openai` crate.
 //!
 //! # Formats
 //! Models write calls in the format their chat template teaches; [`ToolCallFormat::detect`] reads it
@@ -40,10 +41,12 @@ mod call;
 mod format;
 mod grammar;
 mod json_scan;
+mod reasoning;
 mod stream;
 
 pub use format::ToolCallFormat;
 pub use grammar::ToolSchema;
+pub use reasoning::{AnswerGrammar, ReasoningFormat, ReasoningSplitter, Split};
 pub use stream::StreamParser;
 
 /// A tool call found in the generated text.

@@ -3,7 +3,9 @@
 //! It "generates" the words of its prompt one token at a time, so every behaviour of the ABI
 //! (streaming, stop sequences, max_tokens, cancel from the callback or from another thread,
 //! logprobs, embeddings, runtime settings, errors) can be exercised without model weights. A
-//! prompt containing `PANIC_IN_INFER` panics inside `infer`, to test the panic boundary.
+//! prompt containing `PANIC_IN_INFER` panics inside `infer`, to test the panic boundary. The
+//! manifest's `chat_template` parameter, when set, is the template its models report (to test
+//! how the node reads answers of templates such as reasoning models').
 
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
@@ -25,6 +27,7 @@ pub struct EchoEngine {
     requests_total: AtomicU64,
     tokens_total: AtomicU64,
     started: Instant,
+    chat_template: Option<String>,
 }
 
 /// A stable token id for a word (FNV-1a), so tokenize and infer agree.
@@ -66,6 +69,7 @@ impl Engine for EchoEngine {
             requests_total: AtomicU64::new(0),
             tokens_total: AtomicU64::new(0),
             started: Instant::now(),
+            chat_template: config.params.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned),
         })
     }
 
@@ -97,6 +101,7 @@ impl Engine for EchoEngine {
             bos_token: Some("<s>".into()),
             eos_token: Some("</s>".into()),
             pooling: Some("mean".into()),
+            chat_template: self.chat_template.clone(),
             capabilities: vec![Capability::Text, Capability::Embedding],
             ..ModelInfo::default()
         })

@@ -3,8 +3,9 @@
 
 use super::pipeline::{self, Encoder, GenerationRequest};
 use super::{parse_json, SharedState};
+use crate::answer::{AnswerEvent, AnswerReader, Reading};
 use crate::generation::{Collected, Finished, Piece};
-use crate::prompt::{render_chat, ToolParsing};
+use crate::prompt::render_chat;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -16,7 +17,7 @@ use llmr_openai::{
     WireToolCall,
 };
 use llmr_telemetry::RequestId;
-use llmr_tool_calls::{ParsedCall, StreamEvent, StreamParser};
+use llmr_tool_calls::ParsedCall;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -39,7 +40,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {
-            let (prompt, tools) = render_chat(model, &req)?;
+            let (prompt, reading) = render_chat(model, &req)?;
             let encoder = ChatEncoder {
                 id: new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                 model: model.name.clone(),
@@ -47,8 +48,8 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 fingerprint: state.fingerprint.clone(),
                 include_usage: req.include_usage,
                 logprobs: req.sampling.logprobs.is_some(),
-                tools,
-                parser: None,
+                reading,
+                reader: None,
                 called: false,
             };
             Ok((prompt, encoder))
@@ -65,9 +66,10 @@ struct ChatEncoder {
     fingerprint: String,
     include_usage: bool,
     logprobs: bool,
-    tools: Option<ToolParsing>,
-    /// Reads tool calls out of a streamed answer (made when the stream opens).
-    parser: Option<StreamParser>,
+    reading: Reading,
+    /// Reads thinking and tool calls out of a streamed answer (made when the stream opens,
+    /// when there is anything to read out).
+    reader: Option<AnswerReader>,
     /// A tool call was streamed.
     called: bool,
 }
@@ -119,12 +121,14 @@ impl ChatEncoder {
         self.delta(Delta { content: Some(text), ..Default::default() }, logprobs, None)
     }
 
-    fn parsed(&mut self, events: Vec<StreamEvent>, out: &mut Vec<String>) {
+    fn parsed(&mut self, events: Vec<AnswerEvent>, out: &mut Vec<String>) {
         for ev in events {
             match ev {
-                StreamEvent::Content(text) if text.is_empty() => {}
-                StreamEvent::Content(text) => out.push(self.content(text, None)),
-                StreamEvent::Call { index, call } => {
+                AnswerEvent::Reasoning(text) => {
+                    out.push(self.delta(Delta { reasoning_content: Some(text), ..Default::default() }, None, None))
+                }
+                AnswerEvent::Content(text) => out.push(self.content(text, None)),
+                AnswerEvent::Call { index, call } => {
                     self.called = true;
                     let c = self.wire_call(index, call);
                     let chunk = ToolCallChunk { index: index as u32, id: c.id, kind: c.kind, function: c.function };
@@ -137,15 +141,15 @@ impl ChatEncoder {
 
 impl Encoder for ChatEncoder {
     fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
-        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
+        self.reader = (!self.reading.is_plain()).then(|| self.reading.reader());
         let role = Delta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() };
         out.push(self.delta(role, None, None));
     }
 
     fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
-        match self.parser.as_mut() {
-            Some(parser) => {
-                let events = parser.push(&piece.text);
+        match self.reader.as_mut() {
+            Some(reader) => {
+                let events = reader.push(&piece.text);
                 self.parsed(events, out);
             }
             None if piece.text.is_empty() => {}
@@ -159,8 +163,8 @@ impl Encoder for ChatEncoder {
     }
 
     fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
-        if let Some(parser) = self.parser.as_mut() {
-            let events = parser.finish();
+        if let Some(reader) = self.reader.as_mut() {
+            let events = reader.finish();
             self.parsed(events, out);
         }
         out.push(self.delta(Delta::default(), None, Some(finish_reason(&finished, self.called))));
@@ -176,13 +180,9 @@ impl Encoder for ChatEncoder {
     }
 
     fn complete(self, c: Collected) -> Response {
-        let (content, calls) = match &self.tools {
-            Some(t) => {
-                let parsed = t.parse(&c.text);
-                (parsed.content, parsed.calls)
-            }
-            None => (c.text, Vec::new()),
-        };
+        let answer = self.reading.read(&c.text);
+        let (content, calls) = (answer.content, answer.calls);
+        let reasoning = (!answer.reasoning.is_empty()).then_some(answer.reasoning);
         let tool_calls: Vec<WireToolCall> =
             calls.into_iter().enumerate().map(|(i, call)| self.wire_call(i, call)).collect();
         let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
@@ -194,7 +194,13 @@ impl Encoder for ChatEncoder {
             choices: vec![ChatChoice {
                 index: 0,
                 finish_reason: finish_reason(&c.finished, !tool_calls.is_empty()),
-                message: ResponseMessage { role: Role::Assistant, content, refusal: None, tool_calls },
+                message: ResponseMessage {
+                    role: Role::Assistant,
+                    content,
+                    reasoning_content: reasoning,
+                    refusal: None,
+                    tool_calls,
+                },
                 logprobs: self.logprobs.then(|| Logprobs::from_tokens(&c.logprobs)),
             }],
             usage: Some(usage(&c.finished)),

@@ -7,8 +7,9 @@
 
 use super::pipeline::{self, Encoder, GenerationRequest};
 use super::{parse_json, SharedState};
+use crate::answer::{AnswerEvent, AnswerReader, Reading};
 use crate::generation::{self, Collected, Finished, Piece};
-use crate::prompt::{render_chat, ToolParsing};
+use crate::prompt::render_chat;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -20,7 +21,7 @@ use llmr_anthropic::{
 };
 use llmr_openai::{new_underscore_id, ApiError};
 use llmr_telemetry::RequestId;
-use llmr_tool_calls::{ParsedCall, StreamEvent as ParsedEvent, StreamParser};
+use llmr_tool_calls::ParsedCall;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -43,12 +44,12 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {
-            let (prompt, tools) = render_chat(model, &req)?;
+            let (prompt, reading) = render_chat(model, &req)?;
             let encoder = MessagesEncoder {
                 id: new_underscore_id("msg", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                 model: model.name.clone(),
-                tools,
-                parser: None,
+                reader: reading.reader(),
+                reading,
                 blocks: BlockWriter::default(),
                 calls: 0,
                 prompt_tokens: 0,
@@ -79,9 +80,9 @@ pub async fn count_tokens(
 struct MessagesEncoder {
     id: String,
     model: String,
-    tools: Option<ToolParsing>,
-    /// Reads tool calls out of a streamed answer (made when the stream opens).
-    parser: Option<StreamParser>,
+    reading: Reading,
+    /// Reads thinking and tool calls out of a streamed answer.
+    reader: AnswerReader,
     blocks: BlockWriter,
     /// Tool calls made so far.
     calls: usize,
@@ -111,11 +112,12 @@ impl MessagesEncoder {
         format!("toolu_{}_{index}", self.id.trim_start_matches("msg_"))
     }
 
-    fn parsed(&mut self, events: Vec<ParsedEvent>, out: &mut Vec<String>) {
+    fn parsed(&mut self, events: Vec<AnswerEvent>, out: &mut Vec<String>) {
         for ev in events {
             match ev {
-                ParsedEvent::Content(text) => self.blocks.text(text, out),
-                ParsedEvent::Call { index, call } => {
+                AnswerEvent::Reasoning(thinking) => self.blocks.thinking(thinking, out),
+                AnswerEvent::Content(text) => self.blocks.text(text, out),
+                AnswerEvent::Call { index, call } => {
                     self.calls += 1;
                     let ParsedCall { name, arguments } = call;
                     self.blocks.tool_use(self.call_id(index), name, arguments, out);
@@ -128,26 +130,18 @@ impl MessagesEncoder {
 impl Encoder for MessagesEncoder {
     fn open(&mut self, prompt_tokens: u32, out: &mut Vec<String>) {
         self.prompt_tokens = prompt_tokens;
-        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
         let usage = Usage { input_tokens: prompt_tokens, ..Default::default() };
         out.push(StreamEvent::MessageStart { message: Message::new(self.id.clone(), self.model.clone(), usage) }.sse());
     }
 
     fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
-        match self.parser.as_mut() {
-            Some(parser) => {
-                let events = parser.push(&piece.text);
-                self.parsed(events, out);
-            }
-            None => self.blocks.text(piece.text, out),
-        }
+        let events = self.reader.push(&piece.text);
+        self.parsed(events, out);
     }
 
     fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
-        if let Some(parser) = self.parser.as_mut() {
-            let events = parser.finish();
-            self.parsed(events, out);
-        }
+        let events = self.reader.finish();
+        self.parsed(events, out);
         self.blocks.close(out);
         let delta = MessageDelta { stop_reason: stop_reason(&finished, self.calls > 0), stop_sequence: None };
         out.push(StreamEvent::MessageDelta { delta, usage: usage(&finished) }.sse());
@@ -159,14 +153,12 @@ impl Encoder for MessagesEncoder {
     }
 
     fn complete(self, c: Collected) -> Response {
-        let (text, calls) = match &self.tools {
-            Some(t) => {
-                let parsed = t.parse(&c.text);
-                (parsed.content, parsed.calls)
-            }
-            None => (c.text, Vec::new()),
-        };
-        let mut content = Vec::with_capacity(calls.len() + 1);
+        let answer = self.reading.read(&c.text);
+        let (text, calls) = (answer.content, answer.calls);
+        let mut content = Vec::with_capacity(calls.len() + 2);
+        if !answer.reasoning.is_empty() {
+            content.push(ContentBlock::Thinking { thinking: answer.reasoning, signature: String::new() });
+        }
         if !text.is_empty() && (calls.is_empty() || !text.trim().is_empty()) {
             content.push(ContentBlock::Text { text });
         }

@@ -106,10 +106,11 @@ where
     let (mut prompt, encoder) = prepare(&model)?;
     let mut sampling = req.sampling;
     let mut blame = Blame(sampling.constraint.is_some().then_some(req.constraint_param));
-    if let Some(grammar) = prompt.constraint.take() {
-        // A forced tool call's grammar, made of the request's tool schemas.
+    if let Some((grammar, param)) = prompt.constraint.take() {
+        // A forced tool call's grammar (made of the request's tool schemas), or the request's own
+        // constraint after a reasoning model's thinking.
         sampling.constraint = Some(grammar);
-        blame = Blame(Some("tools"));
+        blame = Blame(Some(param));
     }
     if blame.0.is_none() && prompt.tokens.is_some() {
         blame = Blame(Some(req.prompt_param));

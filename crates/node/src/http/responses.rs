@@ -8,8 +8,9 @@
 
 use super::pipeline::{self, Encoder, GenerationRequest};
 use super::{parse_json, SharedState};
+use crate::answer::{AnswerEvent, AnswerReader, Reading};
 use crate::generation::{Collected, Finished, Piece};
-use crate::prompt::{render_chat, ToolParsing};
+use crate::prompt::render_chat;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -18,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use llmr_openai::{unix_now, ApiError, Ending, ResponseObject, ResponseStream, ResponseUsage, ResponsesRequest};
 use llmr_telemetry::RequestId;
-use llmr_tool_calls::{StreamEvent as ParsedEvent, StreamParser};
 use std::time::Instant;
 
 const ENDPOINT: &str = "responses";
@@ -55,10 +55,11 @@ pub async fn handle(
         };
         let (echo, store) = (call.echo, call.store && router_stores);
         pipeline::generate(&state, &id, generation, |model| {
-            let (prompt, tools) = render_chat(model, &req)?;
+            let (prompt, reading) = render_chat(model, &req)?;
             let response_id = format!("resp_{}", RequestId::new());
             let start = ResponseObject::in_progress(response_id, model.name.clone(), unix_now(), &echo, store);
-            Ok((prompt, ResponsesEncoder { stream: ResponseStream::new(start), tools, parser: None, calls: 0 }))
+            let reader = reading.reader();
+            Ok((prompt, ResponsesEncoder { stream: ResponseStream::new(start), reading, reader }))
         })
         .await
     })
@@ -67,10 +68,9 @@ pub async fn handle(
 
 struct ResponsesEncoder {
     stream: ResponseStream,
-    tools: Option<ToolParsing>,
-    /// Reads tool calls out of a streamed answer (made when the stream opens).
-    parser: Option<StreamParser>,
-    calls: usize,
+    reading: Reading,
+    /// Reads thinking and tool calls out of a streamed answer.
+    reader: AnswerReader,
 }
 
 fn ending(f: &Finished) -> Ending {
@@ -90,12 +90,12 @@ impl ResponsesEncoder {
         format!("call_{}_{index}", self.stream.id().trim_start_matches("resp_"))
     }
 
-    fn parsed(&mut self, events: Vec<ParsedEvent>, out: &mut Vec<String>) {
+    fn parsed(&mut self, events: Vec<AnswerEvent>, out: &mut Vec<String>) {
         for ev in events {
             match ev {
-                ParsedEvent::Content(text) => self.stream.text(text, out),
-                ParsedEvent::Call { index, call } => {
-                    self.calls += 1;
+                AnswerEvent::Reasoning(text) => self.stream.reasoning(text, out),
+                AnswerEvent::Content(text) => self.stream.text(text, out),
+                AnswerEvent::Call { index, call } => {
                     let call_id = self.call_id(index);
                     self.stream.function_call(call_id, call.name, call.arguments, out);
                 }
@@ -106,25 +106,17 @@ impl ResponsesEncoder {
 
 impl Encoder for ResponsesEncoder {
     fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
-        self.parser = self.tools.as_ref().map(ToolParsing::stream_parser);
         self.stream.open(out);
     }
 
     fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
-        match self.parser.as_mut() {
-            Some(parser) => {
-                let events = parser.push(&piece.text);
-                self.parsed(events, out);
-            }
-            None => self.stream.text(piece.text, out),
-        }
+        let events = self.reader.push(&piece.text);
+        self.parsed(events, out);
     }
 
     fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
-        if let Some(parser) = self.parser.as_mut() {
-            let events = parser.finish();
-            self.parsed(events, out);
-        }
+        let events = self.reader.finish();
+        self.parsed(events, out);
         self.stream.finish(usage(&finished), ending(&finished), unix_now(), out);
     }
 
@@ -133,15 +125,11 @@ impl Encoder for ResponsesEncoder {
     }
 
     fn complete(mut self, c: Collected) -> Response {
-        let (text, calls) = match &self.tools {
-            Some(t) => {
-                let parsed = t.parse(&c.text);
-                (parsed.content, parsed.calls)
-            }
-            None => (c.text, Vec::new()),
-        };
+        let answer = self.reading.read(&c.text);
+        let (text, calls) = (answer.content, answer.calls);
         // The same events a stream would send, kept only for the object they build.
         let mut discard = Vec::new();
+        self.stream.reasoning(answer.reasoning, &mut discard);
         if !text.is_empty() && (calls.is_empty() || !text.trim().is_empty()) {
             self.stream.text(text, &mut discard);
         }

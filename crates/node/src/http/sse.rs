@@ -14,7 +14,7 @@ where
     let body = Body::from_stream(events.map(|e| Ok::<_, Infallible>(Bytes::from(e))));
     (
         [
-            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
             (header::HeaderName::from_static("x-accel-buffering"), "no"),
         ],

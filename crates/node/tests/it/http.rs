@@ -52,7 +52,7 @@ async fn body_json<T: serde::de::DeserializeOwned>(resp: Response) -> T {
 
 /// The `data:` payloads of an SSE body, in order.
 async fn events(resp: Response) -> Vec<String> {
-    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream; charset=utf-8");
     let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     assert!(text.ends_with("\n\n"), "{text:?}");
@@ -342,7 +342,7 @@ async fn a_repeated_greedy_request_is_answered_from_the_cache() {
 
 /// The `event:` names and JSON payloads of an Anthropic-style SSE body.
 async fn named_events(resp: Response) -> Vec<(String, Value)> {
-    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream");
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/event-stream; charset=utf-8");
     let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20).await.unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     text.split("\n\n")
@@ -440,4 +440,84 @@ async fn a_node_keeps_no_responses_and_says_so() {
     req.headers_mut().insert("x-llmr-response-store", "1".parse().unwrap());
     let r: Value = body_json(call(&n, req).await).await;
     assert_eq!((r["store"].as_bool(), r["previous_response_id"].as_str()), (Some(true), Some("resp_1")));
+}
+
+#[tokio::test]
+async fn a_final_assistant_message_is_continued_when_asked() {
+    let n = node("echo-prefill");
+    let messages = json!([{"role": "user", "content": "pick"}, {"role": "assistant", "content": "I pick"}]);
+    let answer = |extra: Value| {
+        let mut body = json!({"model": "echo-prefill", "messages": messages, "max_tokens": 50});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let n = &n;
+        async move {
+            let whole: ChatCompletion = body_json(call(n, post("/v1/chat/completions", body)).await).await;
+            whole.choices[0].message.content.clone().unwrap()
+        }
+    };
+    // The echo engine repeats the prompt: its end shows how the conversation was rendered.
+    let continued = answer(json!({"continue_final_message": true, "add_generation_prompt": false})).await;
+    assert!(continued.ends_with("<|im_start|>assistant I pick"), "{continued}");
+    let answered = answer(json!({})).await;
+    assert!(answered.ends_with("I pick<|im_end|> <|im_start|>assistant"), "{answered}");
+    let raw = answer(json!({"add_generation_prompt": false})).await;
+    assert!(raw.ends_with("I pick<|im_end|>"), "{raw}");
+}
+
+/// A template that writes `</think>` (so its model reasons) and opens the thinking in its
+/// generation prompt, as DeepSeek-R1's do.
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }} {% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think> {% endif %}{{ m.content }}<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant <think>{% endif %}";
+
+#[tokio::test]
+async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
+    let n = node_with("echo-think", 0, |c| {
+        let manifest = c.engines_dir.join("echo/cpu/manifest.json");
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        m["parameters"]["chat_template"] = json!(THINKING_TEMPLATE);
+        std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    });
+    // The echo engine repeats the prompt, which leaves it inside `<think>`: its first words are
+    // thinking until the user's own `</think>`, the rest is the answer.
+    let user = "plan</think>answer";
+    let thinking = "<|im_start|>user plan";
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-think", user, json!({"max_tokens": 3})))).await)
+            .await;
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], thinking);
+    assert_eq!(message["content"], "answer<|im_end|> <|im_start|>assistant");
+
+    let data = events(
+        call(&n, post("/v1/chat/completions", chat("echo-think", user, json!({"max_tokens": 3, "stream": true}))))
+            .await,
+    )
+    .await;
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let joined = |field: &str| -> String {
+        chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"][field].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(joined("reasoning_content"), thinking);
+    assert_eq!(joined("content"), "answer<|im_end|> <|im_start|>assistant");
+
+    // Anthropic: a thinking block, then the text.
+    let body = json!({"model": "echo-think", "max_tokens": 3, "messages": [{"role": "user", "content": user}]});
+    let m: Value = body_json(call(&n, post("/v1/messages", body.clone())).await).await;
+    assert_eq!(m["content"][0], json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    assert_eq!(m["content"][1]["text"], "answer<|im_end|> <|im_start|>assistant");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = named_events(call(&n, post("/v1/messages", streamed)).await).await;
+    let thinking_deltas: String =
+        events.iter().filter_map(|(_, d)| d["delta"]["thinking"].as_str().map(str::to_owned)).collect();
+    assert_eq!(thinking_deltas, thinking);
+    assert_eq!(events[1].1["content_block"]["type"], "thinking");
+
+    // Responses: a reasoning item, then the message.
+    let r: Value = body_json(
+        call(&n, post("/v1/responses", json!({"model": "echo-think", "input": user, "max_output_tokens": 3}))).await,
+    )
+    .await;
+    assert_eq!(r["output"][0]["type"], "reasoning");
+    assert_eq!(r["output"][0]["content"][0], json!({"type": "reasoning_text", "text": thinking}));
+    assert_eq!(r["output"][1]["content"][0]["text"], "answer<|im_end|> <|im_start|>assistant");
 }

@@ -42,8 +42,26 @@ pub struct ResponseObject {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputItem {
-    Message { id: String, status: String, role: String, content: Vec<OutputText> },
-    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: String },
+    /// A reasoning model's thinking, as text (no summary is made).
+    Reasoning {
+        id: String,
+        summary: Vec<Value>,
+        content: Vec<ReasoningText>,
+        status: String,
+    },
+    Message {
+        id: String,
+        status: String,
+        role: String,
+        content: Vec<OutputText>,
+    },
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +78,14 @@ impl OutputText {
     pub fn new(text: String) -> Self {
         OutputText { kind: "output_text".into(), text, annotations: Vec::new(), logprobs: Vec::new() }
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReasoningText {
+    /// `reasoning_text`
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,7 +181,7 @@ impl ResponseObject {
                 OutputItem::Message { content, .. } => {
                     Some(content.iter().map(|c| c.text.as_str()).collect::<String>())
                 }
-                OutputItem::FunctionCall { .. } => None,
+                OutputItem::Reasoning { .. } | OutputItem::FunctionCall { .. } => None,
             })
             .collect()
     }
@@ -171,15 +197,22 @@ pub struct DeletedResponse {
 }
 
 /// Writes a response's stream: the events in order with their sequence numbers, and the output
-/// items as they end up in the final object. Text goes into the open message item (one is
-/// opened when needed); a function call is an item of its own, its arguments in one delta.
+/// items as they end up in the final object. Thinking goes into the open reasoning item and
+/// text into the open message item (one is opened when needed, closing the other); a function
+/// call is an item of its own, its arguments in one delta.
 #[derive(Debug)]
 pub struct ResponseStream {
     response: ResponseObject,
     sequence: u64,
     items: Vec<OutputItem>,
-    /// The message item being written: its output index and text so far.
-    open: Option<(usize, String)>,
+    /// The item being written: its kind, output index and text so far.
+    open: Option<(Open, usize, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Reasoning,
+    Message,
 }
 
 impl ResponseStream {
@@ -203,8 +236,8 @@ impl ResponseStream {
         format!("event: {kind}\ndata: {body}\n\n")
     }
 
-    fn message_id(&self) -> String {
-        format!("msg_{}_{}", self.response.id.trim_start_matches("resp_"), self.items.len())
+    fn item_id_for(&self, prefix: &str) -> String {
+        format!("{prefix}_{}_{}", self.response.id.trim_start_matches("resp_"), self.items.len())
     }
 
     /// `response.created` and `response.in_progress`.
@@ -218,30 +251,9 @@ impl ResponseStream {
         if delta.is_empty() {
             return;
         }
-        let index = match &self.open {
-            Some((index, _)) => *index,
-            None => {
-                let index = self.items.len();
-                let id = self.message_id();
-                let item = OutputItem::Message {
-                    id: id.clone(),
-                    status: "in_progress".into(),
-                    role: "assistant".into(),
-                    content: Vec::new(),
-                };
-                out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
-                let part = OutputText::new(String::new());
-                out.push(self.event(
-                    "response.content_part.added",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-                ));
-                self.items.push(item);
-                self.open = Some((index, String::new()));
-                index
-            }
-        };
+        let index = self.open_item(Open::Message, out);
         let id = self.item_id(index);
-        if let Some((_, text)) = self.open.as_mut() {
+        if let Some((_, _, text)) = self.open.as_mut() {
             text.push_str(&delta);
         }
         out.push(self.event(
@@ -250,16 +262,86 @@ impl ResponseStream {
         ));
     }
 
+    /// A piece of the model's thinking.
+    pub fn reasoning(&mut self, delta: String, out: &mut Vec<String>) {
+        if delta.is_empty() {
+            return;
+        }
+        let index = self.open_item(Open::Reasoning, out);
+        let id = self.item_id(index);
+        if let Some((_, _, text)) = self.open.as_mut() {
+            text.push_str(&delta);
+        }
+        out.push(self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
+        ));
+    }
+
+    /// The output index of the open item of `kind`, opening one (closing the other) if needed.
+    fn open_item(&mut self, kind: Open, out: &mut Vec<String>) -> usize {
+        if let Some((open, index, _)) = &self.open {
+            if *open == kind {
+                return *index;
+            }
+        }
+        self.close("completed", out);
+        let index = self.items.len();
+        let item = match kind {
+            Open::Message => OutputItem::Message {
+                id: self.item_id_for("msg"),
+                status: "in_progress".into(),
+                role: "assistant".into(),
+                content: Vec::new(),
+            },
+            Open::Reasoning => OutputItem::Reasoning {
+                id: self.item_id_for("rs"),
+                summary: Vec::new(),
+                content: Vec::new(),
+                status: "in_progress".into(),
+            },
+        };
+        out.push(self.event("response.output_item.added", json!({"output_index": index, "item": item})));
+        self.items.push(item);
+        if kind == Open::Message {
+            let id = self.item_id(index);
+            let part = OutputText::new(String::new());
+            out.push(self.event(
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+            ));
+        }
+        self.open = Some((kind, index, String::new()));
+        index
+    }
+
     fn item_id(&self, index: usize) -> String {
         match &self.items[index] {
-            OutputItem::Message { id, .. } | OutputItem::FunctionCall { id, .. } => id.clone(),
+            OutputItem::Reasoning { id, .. } | OutputItem::Message { id, .. } | OutputItem::FunctionCall { id, .. } => {
+                id.clone()
+            }
         }
     }
 
-    /// Closes the open message item, if any.
+    /// Closes the open item, if any.
     fn close(&mut self, status: &str, out: &mut Vec<String>) {
-        let Some((index, text)) = self.open.take() else { return };
+        let Some((kind, index, text)) = self.open.take() else { return };
         let id = self.item_id(index);
+        if kind == Open::Reasoning {
+            out.push(self.event(
+                "response.reasoning_text.done",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+            ));
+            let item = OutputItem::Reasoning {
+                id,
+                summary: Vec::new(),
+                content: vec![ReasoningText { kind: "reasoning_text".into(), text }],
+                status: status.into(),
+            };
+            out.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
+            self.items[index] = item;
+            return;
+        }
         let part = OutputText::new(text.clone());
         out.push(self.event(
             "response.output_text.done",
@@ -360,6 +442,7 @@ mod tests {
         let mut s = ResponseStream::new(start);
         let mut out = Vec::new();
         s.open(&mut out);
+        s.reasoning("Think.".into(), &mut out);
         s.text("Hel".into(), &mut out);
         s.text("lo".into(), &mut out);
         s.function_call("call_1_0".into(), "f".into(), r#"{"a":1}"#.into(), &mut out);
@@ -373,6 +456,10 @@ mod tests {
             [
                 "response.created",
                 "response.in_progress",
+                "response.output_item.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.output_item.done",
                 "response.output_item.added",
                 "response.content_part.added",
                 "response.output_text.delta",
@@ -389,8 +476,9 @@ mod tests {
         );
         let last: ResponseObject = serde_json::from_value(events.last().unwrap()["response"].clone()).unwrap();
         assert_eq!((last.status.as_str(), last.output_text()), ("completed", "Hello".to_owned()));
-        assert_eq!(last.output.len(), 2);
-        assert!(matches!(&last.output[1], OutputItem::FunctionCall { call_id, .. } if call_id == "call_1_0"));
+        assert_eq!(last.output.len(), 3);
+        assert!(matches!(&last.output[0], OutputItem::Reasoning { content, .. } if content[0].text == "Think."));
+        assert!(matches!(&last.output[2], OutputItem::FunctionCall { call_id, .. } if call_id == "call_1_0"));
         assert_eq!(last.usage.unwrap().total_tokens, 10);
     }
 

@@ -203,6 +203,7 @@ impl ResponsesRequest {
             parallel_tool_calls,
             unset,
             continue_final_message: false,
+            add_generation_prompt: true,
         };
         Ok(ResponsesCall { chat, echo, store: self.store.unwrap_or(true) })
     }
