@@ -192,6 +192,7 @@ impl MessagesRequest {
             constraint_param,
             parallel_tool_calls: conversation.parallel_tool_calls,
             unset,
+            n: 1,
             continue_final_message: conversation.continue_final_message,
             add_generation_prompt: true,
         })
@@ -221,6 +222,7 @@ impl CountTokensRequest {
             constraint_param: "output_config.format",
             parallel_tool_calls: c.parallel_tool_calls,
             unset: Default::default(),
+            n: 1,
             continue_final_message: c.continue_final_message,
             add_generation_prompt: true,
         })

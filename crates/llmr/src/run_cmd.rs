@@ -104,6 +104,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             constraint_param: "response_format",
             parallel_tool_calls: true,
             unset: Default::default(),
+            n: 1,
             continue_final_message: false,
             add_generation_prompt: true,
         };

@@ -2,7 +2,7 @@
 //! response and stream-chunk shapes.
 
 use crate::common::{Logprobs, StreamOptions, Usage};
-use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
+use crate::sampling::{choice_count, Sampling, SamplingWire, StopWire, UnsetSampling};
 use crate::{output_constraint, ApiError, OutputFields};
 use serde::{Deserialize, Serialize};
 
@@ -247,6 +247,8 @@ pub struct ChatRequest {
     pub parallel_tool_calls: bool,
     /// The sampling settings left to the model's recommendations.
     pub unset: UnsetSampling,
+    /// Choices to generate (`n`).
+    pub n: u32,
     /// The last message is the assistant's and the answer continues its text instead of
     /// starting a new turn (Anthropic's prefill; vLLM's `continue_final_message`).
     pub continue_final_message: bool,
@@ -278,8 +280,8 @@ impl ChatCompletionRequest {
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             stop: self.stop,
-            n: self.n,
         };
+        let n = choice_count(self.n)?;
         let unset = wire.unset();
         let mut sampling = wire.validate()?;
         sampling.logprobs = match (self.logprobs.unwrap_or(false), self.top_logprobs) {
@@ -398,6 +400,7 @@ impl ChatCompletionRequest {
             constraint_param,
             parallel_tool_calls: self.parallel_tool_calls.unwrap_or(true),
             unset,
+            n,
             continue_final_message,
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
         })
@@ -621,7 +624,8 @@ mod tests {
                 "tool_choice",
             ),
             (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3}"#, "top_logprobs"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#, "n"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":17}"#, "n"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":0}"#, "n"),
             (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, "model"),
             (
                 r#"{"model":"m","messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,

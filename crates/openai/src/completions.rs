@@ -3,7 +3,7 @@
 use crate::chat::FinishReason;
 use crate::common::{StreamOptions, Usage};
 use crate::embeddings::token_ids;
-use crate::sampling::{Sampling, SamplingWire, StopWire, UnsetSampling};
+use crate::sampling::{choice_count, Sampling, SamplingWire, StopWire, UnsetSampling, MAX_CHOICES_PER_REQUEST};
 use crate::{output_constraint, ApiError, OutputFields};
 use serde::{Deserialize, Serialize};
 
@@ -82,13 +82,20 @@ pub enum PromptWire {
     TokenLists(Vec<Vec<i64>>),
 }
 
+/// One prompt of a completion request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletionPrompt {
+    Text(String),
+    /// Token ids of the model's vocabulary (OpenAI accepts them).
+    Tokens(Vec<u32>),
+}
+
 #[derive(Debug, Clone)]
 pub struct TextCompletionRequest {
     pub model: String,
-    /// Empty when the prompt came as token ids.
-    pub prompt: String,
-    /// The prompt as token ids of the model's vocabulary (OpenAI accepts them).
-    pub prompt_tokens: Option<Vec<u32>>,
+    /// One or more prompts; each gets `n` choices (indexed prompt by prompt).
+    pub prompts: Vec<CompletionPrompt>,
+    pub n: u32,
     pub sampling: Sampling,
     pub echo: bool,
     pub stream: bool,
@@ -104,22 +111,38 @@ impl CompletionRequest {
         if self.model.trim().is_empty() {
             return Err(ApiError::invalid("model", "must not be empty"));
         }
-        let several =
-            |n: usize| ApiError::invalid("prompt", format!("{n} prompts were sent; one per request is supported"));
-        let (prompt, prompt_tokens) = match self.prompt {
-            PromptWire::Text(t) => (t, None),
-            PromptWire::Texts(mut v) if v.len() == 1 => (v.remove(0), None),
-            PromptWire::Texts(v) => return Err(several(v.len())),
-            PromptWire::Tokens(ids) => (String::new(), Some(token_ids(ids, "prompt")?)),
-            PromptWire::TokenLists(mut lists) if lists.len() == 1 => {
-                (String::new(), Some(token_ids(lists.remove(0), "prompt[0]")?))
+        let text = |t: String, param: &str| {
+            if t.trim().is_empty() {
+                Err(ApiError::invalid(param, "must not be empty or whitespace only"))
+            } else {
+                Ok(CompletionPrompt::Text(t))
             }
-            PromptWire::TokenLists(lists) => return Err(several(lists.len())),
         };
-        if prompt_tokens.is_none() && prompt.trim().is_empty() {
-            return Err(ApiError::invalid("prompt", "must not be empty or whitespace only"));
+        let prompts: Vec<CompletionPrompt> = match self.prompt {
+            PromptWire::Text(t) => vec![text(t, "prompt")?],
+            PromptWire::Texts(v) if v.is_empty() => return Err(ApiError::invalid("prompt", "must not be empty")),
+            PromptWire::Texts(v) => {
+                v.into_iter().enumerate().map(|(i, t)| text(t, &format!("prompt[{i}]"))).collect::<Result<_, _>>()?
+            }
+            PromptWire::Tokens(ids) => vec![CompletionPrompt::Tokens(token_ids(ids, "prompt")?)],
+            PromptWire::TokenLists(lists) => lists
+                .into_iter()
+                .enumerate()
+                .map(|(i, ids)| token_ids(ids, &format!("prompt[{i}]")).map(CompletionPrompt::Tokens))
+                .collect::<Result<_, _>>()?,
+        };
+        let n = choice_count(self.n)?;
+        if prompts.len() * n as usize > MAX_CHOICES_PER_REQUEST {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "{} prompts with n = {n} make {} choices; at most {MAX_CHOICES_PER_REQUEST} per request",
+                    prompts.len(),
+                    prompts.len() * n as usize
+                ),
+            ));
         }
-        if prompt_tokens.is_some() && self.echo == Some(true) {
+        if self.echo == Some(true) && prompts.iter().any(|p| matches!(p, CompletionPrompt::Tokens(_))) {
             return Err(ApiError::invalid("echo", "needs a text prompt (the prompt came as token ids)"));
         }
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
@@ -140,7 +163,6 @@ impl CompletionRequest {
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             stop: self.stop,
-            n: self.n,
         };
         let unset = wire.unset();
         let mut sampling = wire.validate()?;
@@ -165,8 +187,8 @@ impl CompletionRequest {
         let stream = self.stream.unwrap_or(false);
         Ok(TextCompletionRequest {
             model: self.model,
-            prompt,
-            prompt_tokens,
+            prompts,
+            n,
             sampling,
             echo: self.echo.unwrap_or(false),
             stream,
@@ -237,14 +259,23 @@ mod tests {
     fn defaults_and_errors() {
         let r = req(r#"{"model":"m","prompt":"Once"}"#).unwrap();
         assert_eq!(r.sampling.max_tokens, Some(DEFAULT_COMPLETION_MAX_TOKENS));
-        assert_eq!(req(r#"{"model":"m","prompt":["Once"]}"#).unwrap().prompt, "Once");
-        assert_eq!(req(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap().prompt_tokens, Some(vec![1, 2, 3]));
-        assert_eq!(req(r#"{"model":"m","prompt":[[7]]}"#).unwrap().prompt_tokens, Some(vec![7]));
+        use CompletionPrompt::{Text, Tokens};
+        assert_eq!(req(r#"{"model":"m","prompt":["Once"]}"#).unwrap().prompts, [Text("Once".into())]);
+        assert_eq!(req(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap().prompts, [Tokens(vec![1, 2, 3])]);
+        assert_eq!(req(r#"{"model":"m","prompt":[[7]]}"#).unwrap().prompts, [Tokens(vec![7])]);
+        let several = req(r#"{"model":"m","prompt":["a","b"],"n":3}"#).unwrap();
+        assert_eq!((several.prompts, several.n), (vec![Text("a".into()), Text("b".into())], 3));
+        assert_eq!(
+            req(r#"{"model":"m","prompt":[[1],[2,3]]}"#).unwrap().prompts,
+            [Tokens(vec![1]), Tokens(vec![2, 3])]
+        );
         for (json, param) in [
             (r#"{"model":"m","prompt":"   "}"#, "prompt"),
             (r#"{"model":"m","prompt":""}"#, "prompt"),
-            (r#"{"model":"m","prompt":["a","b"]}"#, "prompt"),
-            (r#"{"model":"m","prompt":[[1],[2]]}"#, "prompt"),
+            (r#"{"model":"m","prompt":["a"," "]}"#, "prompt[1]"),
+            (r#"{"model":"m","prompt":[[1],[]]}"#, "prompt[1]"),
+            (r#"{"model":"m","prompt":["a","b","c","d","e"],"n":16}"#, "prompt"),
+            (r#"{"model":"m","prompt":"x","n":17}"#, "n"),
             (r#"{"model":"m","prompt":[1,-2]}"#, "prompt[1]"),
             (r#"{"model":"m","prompt":[]}"#, "prompt"),
             (r#"{"model":"m","prompt":[1],"echo":true}"#, "echo"),

@@ -34,7 +34,20 @@ pub struct SamplingWire {
     pub frequency_penalty: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<StopWire>,
-    pub n: Option<i64>,
+}
+
+/// At most this many choices per prompt (`n`), and choices per request (prompts times `n`):
+/// each is a generation of its own in a slot, so a request is bounded.
+pub const MAX_CHOICES: u32 = 16;
+pub const MAX_CHOICES_PER_REQUEST: usize = 64;
+
+/// `n`: how many choices to generate for each prompt.
+pub fn choice_count(n: Option<i64>) -> Result<u32, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as u32),
+        Some(n) => Err(ApiError::invalid("n", format!("{n} is out of range; it must be between 1 and {MAX_CHOICES}"))),
+    }
 }
 
 fn in_range(param: &str, v: Option<f64>, lo: f64, hi: f64, default: f32) -> Result<f32, ApiError> {
@@ -71,10 +84,6 @@ impl SamplingWire {
             Some(k) if k >= 1 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
             Some(k) => return Err(ApiError::invalid("top_k", format!("{k} is invalid; it must be >= 1"))),
         };
-        match self.n {
-            None | Some(1) => {}
-            Some(n) => return Err(ApiError::invalid("n", format!("{n} is not supported; only n = 1 is"))),
-        }
         let stop = match self.stop {
             None => Vec::new(),
             Some(StopWire::One(s)) => vec![s],

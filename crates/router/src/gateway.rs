@@ -25,7 +25,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use llmr_anthropic::{CountTokensRequest, MessagesRequest};
-use llmr_openai::{ApiError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelList, ResponsesRequest};
+use llmr_openai::{
+    ApiError, ChatCompletionRequest, CompletionPrompt, CompletionRequest, EmbeddingRequest, ModelList, ResponsesRequest,
+};
 use llmr_telemetry::error_chain;
 use llmr_telemetry::request_id::{self, RequestId};
 use std::sync::Arc;
@@ -95,7 +97,12 @@ fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
         }
         Endpoint::Completions => {
             let r = llmr_openai::parse_body::<CompletionRequest>(body)?.validate()?;
-            Ok(Routed { affinity: Some(affinity_key(&r.model, &r.prompt)), model: r.model, stream: r.stream })
+            let leading = match r.prompts.first() {
+                Some(CompletionPrompt::Text(text)) => text.clone(),
+                Some(CompletionPrompt::Tokens(ids)) => format!("{ids:?}"),
+                None => String::new(),
+            };
+            Ok(Routed { affinity: Some(affinity_key(&r.model, &leading)), model: r.model, stream: r.stream })
         }
         Endpoint::Embeddings => {
             let r = llmr_openai::parse_body::<EmbeddingRequest>(body)?.validate()?;

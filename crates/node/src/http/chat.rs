@@ -37,10 +37,12 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             prompt_param: "messages",
             constraint_param: req.constraint_param,
             unset: req.unset,
+            n: req.n,
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {
             let (prompt, reading) = render_chat(model, &req)?;
+            let n = req.n as usize;
             let encoder = ChatEncoder {
                 id: new_id("chatcmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                 model: model.name.clone(),
@@ -49,10 +51,11 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 include_usage: req.include_usage,
                 logprobs: req.sampling.logprobs.is_some(),
                 reading,
-                reader: None,
-                called: false,
+                readers: Vec::new(),
+                called: vec![false; n],
+                n,
             };
-            Ok((prompt, encoder))
+            Ok((vec![prompt], encoder))
         })
         .await
     })
@@ -67,11 +70,13 @@ struct ChatEncoder {
     include_usage: bool,
     logprobs: bool,
     reading: Reading,
-    /// Reads thinking and tool calls out of a streamed answer (made when the stream opens,
-    /// when there is anything to read out).
-    reader: Option<AnswerReader>,
-    /// A tool call was streamed.
-    called: bool,
+    /// Read thinking and tool calls out of each choice's streamed answer (made when the stream
+    /// opens, when there is anything to read out).
+    readers: Vec<AnswerReader>,
+    /// Which choices streamed a tool call.
+    called: Vec<bool>,
+    /// Choices (`n`).
+    n: usize,
 }
 
 /// A generation cut by the length limit is `length` even if it made calls before (OpenAI's rule:
@@ -89,13 +94,18 @@ fn usage(f: &Finished) -> Usage {
 }
 
 impl ChatEncoder {
-    fn call_id(&self, index: usize) -> String {
-        format!("call_{}_{index}", self.id.trim_start_matches("chatcmpl-"))
+    fn call_id(&self, choice: usize, index: usize) -> String {
+        let id = self.id.trim_start_matches("chatcmpl-");
+        if self.n == 1 {
+            format!("call_{id}_{index}")
+        } else {
+            format!("call_{id}_{choice}_{index}")
+        }
     }
 
-    fn wire_call(&self, index: usize, call: ParsedCall) -> WireToolCall {
+    fn wire_call(&self, choice: usize, index: usize, call: ParsedCall) -> WireToolCall {
         WireToolCall {
-            id: self.call_id(index),
+            id: self.call_id(choice, index),
             kind: "function".into(),
             function: WireFunctionCall { name: call.name, arguments: call.arguments },
         }
@@ -113,26 +123,35 @@ impl ChatEncoder {
         })
     }
 
-    fn delta(&self, delta: Delta, logprobs: Option<Logprobs>, finish_reason: Option<FinishReason>) -> String {
-        self.chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason }], None)
+    fn delta(
+        &self,
+        choice: usize,
+        delta: Delta,
+        logprobs: Option<Logprobs>,
+        finish_reason: Option<FinishReason>,
+    ) -> String {
+        self.chunk(vec![ChunkChoice { index: choice as u32, delta, logprobs, finish_reason }], None)
     }
 
-    fn content(&self, text: String, logprobs: Option<Logprobs>) -> String {
-        self.delta(Delta { content: Some(text), ..Default::default() }, logprobs, None)
+    fn content(&self, choice: usize, text: String, logprobs: Option<Logprobs>) -> String {
+        self.delta(choice, Delta { content: Some(text), ..Default::default() }, logprobs, None)
     }
 
-    fn parsed(&mut self, events: Vec<AnswerEvent>, out: &mut Vec<String>) {
+    fn parsed(&mut self, choice: usize, events: Vec<AnswerEvent>, out: &mut Vec<String>) {
         for ev in events {
             match ev {
-                AnswerEvent::Reasoning(text) => {
-                    out.push(self.delta(Delta { reasoning_content: Some(text), ..Default::default() }, None, None))
-                }
-                AnswerEvent::Content(text) => out.push(self.content(text, None)),
+                AnswerEvent::Reasoning(text) => out.push(self.delta(
+                    choice,
+                    Delta { reasoning_content: Some(text), ..Default::default() },
+                    None,
+                    None,
+                )),
+                AnswerEvent::Content(text) => out.push(self.content(choice, text, None)),
                 AnswerEvent::Call { index, call } => {
-                    self.called = true;
-                    let c = self.wire_call(index, call);
+                    self.called[choice] = true;
+                    let c = self.wire_call(choice, index, call);
                     let chunk = ToolCallChunk { index: index as u32, id: c.id, kind: c.kind, function: c.function };
-                    out.push(self.delta(Delta { tool_calls: vec![chunk], ..Default::default() }, None, None));
+                    out.push(self.delta(choice, Delta { tool_calls: vec![chunk], ..Default::default() }, None, None));
                 }
             }
         }
@@ -141,35 +160,43 @@ impl ChatEncoder {
 
 impl Encoder for ChatEncoder {
     fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
-        self.reader = (!self.reading.is_plain()).then(|| self.reading.reader());
-        let role = Delta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() };
-        out.push(self.delta(role, None, None));
+        if !self.reading.is_plain() {
+            self.readers = (0..self.n).map(|_| self.reading.reader()).collect();
+        }
+        for choice in 0..self.n {
+            let role = Delta { role: Some(Role::Assistant), content: Some(String::new()), ..Default::default() };
+            out.push(self.delta(choice, role, None, None));
+        }
     }
 
-    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
-        match self.reader.as_mut() {
+    fn piece(&mut self, choice: usize, piece: Piece, out: &mut Vec<String>) {
+        match self.readers.get_mut(choice) {
             Some(reader) => {
                 let events = reader.push(&piece.text);
-                self.parsed(events, out);
+                self.parsed(choice, events, out);
             }
             None if piece.text.is_empty() => {}
             None => {
                 let logprobs = (self.logprobs)
                     .then(|| piece.logprob.as_ref().map(|l| Logprobs::from_tokens(std::slice::from_ref(l))))
                     .flatten();
-                out.push(self.content(piece.text, logprobs));
+                out.push(self.content(choice, piece.text, logprobs));
             }
         }
     }
 
-    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
-        if let Some(reader) = self.reader.as_mut() {
+    fn finish(&mut self, choice: usize, finished: Finished, out: &mut Vec<String>) {
+        if let Some(reader) = self.readers.get_mut(choice) {
             let events = reader.finish();
-            self.parsed(events, out);
+            self.parsed(choice, events, out);
         }
-        out.push(self.delta(Delta::default(), None, Some(finish_reason(&finished, self.called))));
+        let reason = finish_reason(&finished, self.called[choice]);
+        out.push(self.delta(choice, Delta::default(), None, Some(reason)));
+    }
+
+    fn end(&mut self, total: Finished, out: &mut Vec<String>) {
         if self.include_usage {
-            out.push(self.chunk(Vec::new(), Some(usage(&finished))));
+            out.push(self.chunk(Vec::new(), Some(usage(&total))));
         }
         out.push(wire::DONE.to_owned());
     }
@@ -179,20 +206,18 @@ impl Encoder for ChatEncoder {
         out.push(wire::DONE.to_owned());
     }
 
-    fn complete(self, c: Collected) -> Response {
-        let answer = self.reading.read(&c.text);
-        let (content, calls) = (answer.content, answer.calls);
-        let reasoning = (!answer.reasoning.is_empty()).then_some(answer.reasoning);
-        let tool_calls: Vec<WireToolCall> =
-            calls.into_iter().enumerate().map(|(i, call)| self.wire_call(i, call)).collect();
-        let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
-        let body = ChatCompletion {
-            object: "chat.completion".into(),
-            created: self.created,
-            model: self.model,
-            system_fingerprint: Some(self.fingerprint),
-            choices: vec![ChatChoice {
-                index: 0,
+    fn complete(self, collected: Vec<Collected>) -> Response {
+        let finished: Vec<Finished> = collected.iter().map(|c| c.finished).collect();
+        let mut choices = Vec::with_capacity(collected.len());
+        for (choice, c) in collected.into_iter().enumerate() {
+            let answer = self.reading.read(&c.text);
+            let reasoning = (!answer.reasoning.is_empty()).then_some(answer.reasoning);
+            let tool_calls: Vec<WireToolCall> =
+                answer.calls.into_iter().enumerate().map(|(i, call)| self.wire_call(choice, i, call)).collect();
+            let content = answer.content;
+            let content = if tool_calls.is_empty() || !content.trim().is_empty() { Some(content) } else { None };
+            choices.push(ChatChoice {
+                index: choice as u32,
                 finish_reason: finish_reason(&c.finished, !tool_calls.is_empty()),
                 message: ResponseMessage {
                     role: Role::Assistant,
@@ -202,8 +227,15 @@ impl Encoder for ChatEncoder {
                     tool_calls,
                 },
                 logprobs: self.logprobs.then(|| Logprobs::from_tokens(&c.logprobs)),
-            }],
-            usage: Some(usage(&c.finished)),
+            });
+        }
+        let body = ChatCompletion {
+            object: "chat.completion".into(),
+            created: self.created,
+            model: self.model,
+            system_fingerprint: Some(self.fingerprint),
+            choices,
+            usage: Some(usage(&pipeline::total(&finished, self.n))),
             id: self.id,
         };
         Json(body).into_response()

@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use llmr_engine_host::Capability;
 use llmr_openai::{
-    new_id, sse as wire, unix_now, ApiError, CompletionRequest, FinishReason, TextChoice, TextCompletion, TextLogprobs,
-    Usage,
+    new_id, sse as wire, unix_now, ApiError, CompletionPrompt, CompletionRequest, FinishReason, TextChoice,
+    TextCompletion, TextLogprobs, Usage,
 };
 use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,11 +33,24 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             prompt_param: "prompt",
             constraint_param: req.constraint_param,
             unset: req.unset,
+            n: req.n,
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {
             model.require(Capability::Text)?;
-            let echo = if req.echo { req.prompt.clone() } else { String::new() };
+            let n = req.n as usize;
+            // Choice `i` answers prompt `i / n`: its echo is that prompt.
+            let echoes: Vec<String> = req
+                .prompts
+                .iter()
+                .flat_map(|p| {
+                    let echo = match p {
+                        CompletionPrompt::Text(text) if req.echo => text.clone(),
+                        _ => String::new(),
+                    };
+                    std::iter::repeat_n(echo, n)
+                })
+                .collect();
             let encoder = CompletionEncoder {
                 id: new_id("cmpl", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
                 model: model.name.clone(),
@@ -45,14 +58,19 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 fingerprint: state.fingerprint.clone(),
                 include_usage: req.include_usage,
                 logprobs: req.sampling.logprobs.is_some(),
-                offset: echo.len(),
-                echo,
+                offsets: echoes.iter().map(String::len).collect(),
+                echoes,
+                n,
             };
-            let prompt = match &req.prompt_tokens {
-                Some(ids) => Prompt::tokens(ids.clone()),
-                None => Prompt::raw(req.prompt.clone()),
-            };
-            Ok((prompt, encoder))
+            let prompts = req
+                .prompts
+                .iter()
+                .map(|p| match p {
+                    CompletionPrompt::Tokens(ids) => Prompt::tokens(ids.clone()),
+                    CompletionPrompt::Text(text) => Prompt::raw(text.clone()),
+                })
+                .collect();
+            Ok((prompts, encoder))
         })
         .await
     })
@@ -66,10 +84,12 @@ struct CompletionEncoder {
     fingerprint: String,
     include_usage: bool,
     logprobs: bool,
-    /// The prompt, when the request asked for it back (`echo`).
-    echo: String,
-    /// Where the next piece starts in the returned text (logprobs' `text_offset`).
-    offset: usize,
+    /// Each choice's prompt, when the request asked for it back (`echo`).
+    echoes: Vec<String>,
+    /// Where each choice's next piece starts in its returned text (logprobs' `text_offset`).
+    offsets: Vec<usize>,
+    /// Choices per prompt.
+    n: usize,
 }
 
 fn finish_reason(f: &Finished) -> FinishReason {
@@ -97,31 +117,43 @@ impl CompletionEncoder {
         }
     }
 
-    fn chunk(&self, text: String, logprobs: Option<TextLogprobs>, finish_reason: Option<FinishReason>) -> String {
-        wire::event(&self.body(vec![TextChoice { text, index: 0, logprobs, finish_reason }], None))
+    fn chunk(
+        &self,
+        choice: usize,
+        text: String,
+        logprobs: Option<TextLogprobs>,
+        finish_reason: Option<FinishReason>,
+    ) -> String {
+        wire::event(&self.body(vec![TextChoice { text, index: choice as u32, logprobs, finish_reason }], None))
     }
 }
 
 impl Encoder for CompletionEncoder {
     fn open(&mut self, _prompt_tokens: u32, out: &mut Vec<String>) {
-        if !self.echo.is_empty() {
-            let echo = std::mem::take(&mut self.echo);
-            out.push(self.chunk(echo, None, None));
+        for choice in 0..self.echoes.len() {
+            if !self.echoes[choice].is_empty() {
+                let echo = self.echoes[choice].clone();
+                out.push(self.chunk(choice, echo, None, None));
+            }
         }
     }
 
-    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
-        let logprobs = piece.logprob.as_ref().map(|l| TextLogprobs::from_tokens(std::slice::from_ref(l), self.offset));
-        self.offset += piece.text.len();
+    fn piece(&mut self, choice: usize, piece: Piece, out: &mut Vec<String>) {
+        let offset = self.offsets[choice];
+        let logprobs = piece.logprob.as_ref().map(|l| TextLogprobs::from_tokens(std::slice::from_ref(l), offset));
+        self.offsets[choice] += piece.text.len();
         if !piece.text.is_empty() || logprobs.is_some() {
-            out.push(self.chunk(piece.text, logprobs, None));
+            out.push(self.chunk(choice, piece.text, logprobs, None));
         }
     }
 
-    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
-        out.push(self.chunk(String::new(), None, Some(finish_reason(&finished))));
+    fn finish(&mut self, choice: usize, finished: Finished, out: &mut Vec<String>) {
+        out.push(self.chunk(choice, String::new(), None, Some(finish_reason(&finished))));
+    }
+
+    fn end(&mut self, total: Finished, out: &mut Vec<String>) {
         if self.include_usage {
-            out.push(wire::event(&self.body(Vec::new(), Some(usage(&finished)))));
+            out.push(wire::event(&self.body(Vec::new(), Some(usage(&total)))));
         }
         out.push(wire::DONE.to_owned());
     }
@@ -131,13 +163,21 @@ impl Encoder for CompletionEncoder {
         out.push(wire::DONE.to_owned());
     }
 
-    fn complete(self, c: Collected) -> Response {
-        let choice = TextChoice {
-            logprobs: self.logprobs.then(|| TextLogprobs::from_tokens(&c.logprobs, self.echo.len())),
-            text: self.echo.clone() + &c.text,
-            index: 0,
-            finish_reason: Some(finish_reason(&c.finished)),
-        };
-        Json(self.body(vec![choice], Some(usage(&c.finished)))).into_response()
+    fn complete(self, collected: Vec<Collected>) -> Response {
+        let finished: Vec<Finished> = collected.iter().map(|c| c.finished).collect();
+        let choices = collected
+            .into_iter()
+            .enumerate()
+            .map(|(choice, c)| {
+                let echo = &self.echoes[choice];
+                TextChoice {
+                    logprobs: self.logprobs.then(|| TextLogprobs::from_tokens(&c.logprobs, echo.len())),
+                    text: echo.clone() + &c.text,
+                    index: choice as u32,
+                    finish_reason: Some(finish_reason(&c.finished)),
+                }
+            })
+            .collect();
+        Json(self.body(choices, Some(usage(&pipeline::total(&finished, self.n))))).into_response()
     }
 }

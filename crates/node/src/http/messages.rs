@@ -41,6 +41,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
             prompt_param: "messages",
             constraint_param: req.constraint_param,
             unset: req.unset,
+            n: 1,
             arrived,
         };
         pipeline::generate(&state, &id, generation, |model| {
@@ -54,7 +55,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 calls: 0,
                 prompt_tokens: 0,
             };
-            Ok((prompt, encoder))
+            Ok((vec![prompt], encoder))
         })
         .await
     })
@@ -134,12 +135,12 @@ impl Encoder for MessagesEncoder {
         out.push(StreamEvent::MessageStart { message: Message::new(self.id.clone(), self.model.clone(), usage) }.sse());
     }
 
-    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+    fn piece(&mut self, _choice: usize, piece: Piece, out: &mut Vec<String>) {
         let events = self.reader.push(&piece.text);
         self.parsed(events, out);
     }
 
-    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+    fn finish(&mut self, _choice: usize, finished: Finished, out: &mut Vec<String>) {
         let events = self.reader.finish();
         self.parsed(events, out);
         self.blocks.close(out);
@@ -148,11 +149,15 @@ impl Encoder for MessagesEncoder {
         out.push(StreamEvent::MessageStop.sse());
     }
 
+    /// One choice: its finish event was the last.
+    fn end(&mut self, _total: Finished, _out: &mut Vec<String>) {}
+
     fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
         out.push(error_event(error));
     }
 
-    fn complete(self, c: Collected) -> Response {
+    fn complete(self, collected: Vec<Collected>) -> Response {
+        let c = collected.into_iter().next().expect("one choice");
         let answer = self.reading.read(&c.text);
         let (text, calls) = (answer.content, answer.calls);
         let mut content = Vec::with_capacity(calls.len() + 2);

@@ -1,10 +1,13 @@
 //! The one request pipeline every generating endpoint runs.
 //!
 //! validate (the handler, with the `openai` crate) -> model (loaded lazily) -> request metric ->
-//! prompt (the endpoint's `prepare`) -> `top_k` and context bounds with the engine's tokenizer ->
-//! [`generation::begin`] (answer cache, or a slot) -> a non-streamed answer, or an SSE stream
-//! that waits for the first event before sending headers (so an engine failure is still a plain
-//! HTTP error) and then pumps events until the end.
+//! prompts (the endpoint's `prepare`) -> `top_k` and context bounds with the engine's tokenizer ->
+//! [`generation::begin`] for each choice (answer cache, or a slot) -> a non-streamed answer, or
+//! an SSE stream that waits for every choice's first event before sending headers (so an engine
+//! failure is still a plain HTTP error) and then pumps their events, interleaved, until the end.
+//!
+//! A request has one or more prompts (a completion's list), each answered `n` times: choice `i`
+//! is prompt `i / n`, with the seed (when given) moved on by `i % n` so the choices differ.
 //!
 //! What differs between endpoints is only how the answer is written: an [`Encoder`]. A new
 //! endpoint is an encoder and a handler of a few lines.
@@ -15,6 +18,7 @@ use crate::generation::{self, Collected, Finished, GenEvent, Generation, Generat
 use crate::metrics as m;
 use crate::models::LoadedModel;
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::{BoxStream, SelectAll, StreamExt};
 use llmr_engine_host::{EngineStatus, Sampling, UnsetSampling};
 use llmr_openai::{ApiError, SamplingBounds};
 use llmr_telemetry::RequestId;
@@ -23,19 +27,35 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// How one endpoint writes a generation: as stream events, or as one answer.
+/// How one endpoint writes a generation: as stream events, or as one answer. `choice` is the
+/// index of a choice (always 0 where an endpoint has one).
 pub trait Encoder: Send + 'static {
     /// Events before the first piece (a role delta, an echoed prompt); `prompt_tokens` is the
-    /// prompt's length in tokens.
+    /// (first) prompt's length in tokens.
     fn open(&mut self, prompt_tokens: u32, out: &mut Vec<String>);
     /// Events for one piece of generated text (none while it may still be part of a tool call).
-    fn piece(&mut self, piece: Piece, out: &mut Vec<String>);
-    /// The last events of a finished generation: finish reason, usage, the end marker.
-    fn finish(&mut self, finished: Finished, out: &mut Vec<String>);
+    fn piece(&mut self, choice: usize, piece: Piece, out: &mut Vec<String>);
+    /// The last events of one choice: its finish reason.
+    fn finish(&mut self, choice: usize, finished: Finished, out: &mut Vec<String>);
+    /// After every choice finished: usage, the end marker. `total` adds the choices up.
+    fn end(&mut self, total: Finished, out: &mut Vec<String>);
     /// A failure after the stream started, as this endpoint reports one in-stream.
     fn fail(&mut self, error: &ApiError, out: &mut Vec<String>);
-    /// The non-streamed answer.
-    fn complete(self, collected: Collected) -> Response;
+    /// The non-streamed answer, one collected generation per choice.
+    fn complete(self, collected: Vec<Collected>) -> Response;
+}
+
+/// The usage of a request's choices: each prompt's tokens once (its `n` choices share it), every
+/// choice's generated tokens; stopped when all stopped.
+pub fn total(finished: &[Finished], n: usize) -> Finished {
+    let n = n.max(1);
+    let per_prompt = finished.iter().step_by(n);
+    Finished {
+        stopped: finished.iter().all(|f| f.stopped),
+        prompt_tokens: per_prompt.clone().map(|f| f.prompt_tokens).sum(),
+        completion_tokens: finished.iter().map(|f| f.completion_tokens).sum(),
+        cached_tokens: per_prompt.map(|f| f.cached_tokens).sum(),
+    }
 }
 
 /// What the pipeline needs to know of a validated request.
@@ -52,6 +72,8 @@ pub struct GenerationRequest {
     pub constraint_param: &'static str,
     /// The sampling settings the request left unset: the model's recommendations fill them.
     pub unset: UnsetSampling,
+    /// Choices per prompt.
+    pub n: u32,
     pub arrived: Instant,
 }
 
@@ -87,8 +109,9 @@ pub fn record_model(model: &LoadedModel) {
     span.record("engine", tracing::field::display(model.engine_id()));
 }
 
-/// Generates the answer to `req`. `prepare` turns the loaded model into the prompt and the
-/// encoder (rendering a chat template, checking what the model can do).
+/// Generates the answer to `req`. `prepare` turns the loaded model into the prompts (one, or a
+/// completion's several) and the encoder (rendering a chat template, checking what the model can
+/// do).
 pub async fn generate<E, F>(
     state: &SharedState,
     id: &RequestId,
@@ -97,44 +120,70 @@ pub async fn generate<E, F>(
 ) -> Result<Response, ApiError>
 where
     E: Encoder,
-    F: FnOnce(&Arc<LoadedModel>) -> Result<(Prompt, E), ApiError>,
+    F: FnOnce(&Arc<LoadedModel>) -> Result<(Vec<Prompt>, E), ApiError>,
 {
     let model = state.models.get(&req.model).await?;
     record_model(&model);
     // Counted once the model is known: request JSON must not create metric series.
     metrics::counter!(m::REQUESTS, "endpoint" => req.endpoint, "model" => model.name.clone()).increment(1);
-    let (mut prompt, encoder) = prepare(&model)?;
-    let mut sampling = req.sampling;
-    let mut blame = Blame(sampling.constraint.is_some().then_some(req.constraint_param));
-    if let Some((grammar, param)) = prompt.constraint.take() {
-        // A forced tool call's grammar (made of the request's tool schemas), or the request's own
-        // constraint after a reasoning model's thinking.
-        sampling.constraint = Some(grammar);
-        blame = Blame(Some(param));
-    }
-    if blame.0.is_none() && prompt.tokens.is_some() {
-        blame = Blame(Some(req.prompt_param));
-    }
+    let (prompts, encoder) = prepare(&model)?;
     let info = model.engine.info();
-    if let Some(vocab) = info.vocab_size {
-        sampling.check_top_k(vocab)?;
+    let mut inputs = Vec::with_capacity(prompts.len() * req.n as usize);
+    let mut blame = Blame(None);
+    let mut first_prompt_tokens = None;
+    let several = prompts.len() > 1;
+    for (p, mut prompt) in prompts.into_iter().enumerate() {
+        let param = if several { format!("{}[{p}]", req.prompt_param) } else { req.prompt_param.to_owned() };
+        let param = param.as_str();
+        let mut sampling = req.sampling.clone();
+        blame = Blame(sampling.constraint.is_some().then_some(req.constraint_param));
+        if let Some((grammar, param)) = prompt.constraint.take() {
+            // A forced tool call's grammar (made of the request's tool schemas), or the request's
+            // own constraint after a reasoning model's thinking.
+            sampling.constraint = Some(grammar);
+            blame = Blame(Some(param));
+        }
+        if blame.0.is_none() && prompt.tokens.is_some() {
+            blame = Blame(Some(req.prompt_param));
+        }
+        if let Some(vocab) = info.vocab_size {
+            sampling.check_top_k(vocab)?;
+        }
+        if let Some(defaults) = &info.sampling_defaults {
+            defaults.fill(&mut sampling, req.unset, info.vocab_size);
+        }
+        if let (Some(ids), Some(vocab)) = (&prompt.tokens, info.vocab_size) {
+            check_vocabulary(ids, vocab, param)?;
+        }
+        let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
+        if let Some(context) = info.context_length {
+            sampling.check_context(prompt_tokens, context, param)?;
+        }
+        first_prompt_tokens.get_or_insert(prompt_tokens);
+        for j in 0..req.n as u64 {
+            let mut sampling = sampling.clone();
+            // The same seed would give `n` copies of one answer.
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(j));
+            inputs.push(GenerationInput {
+                prompt: prompt.clone(),
+                sampling,
+                endpoint: req.endpoint,
+                arrived: req.arrived,
+            });
+        }
     }
-    if let Some(defaults) = &info.sampling_defaults {
-        defaults.fill(&mut sampling, req.unset, info.vocab_size);
+    let mut gens = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        // A failure drops the generations begun before it, which cancels them.
+        gens.push(generation::begin(&model, &state.cache, input).await?);
     }
-    if let (Some(ids), Some(vocab)) = (&prompt.tokens, info.vocab_size) {
-        check_vocabulary(ids, vocab, req.prompt_param)?;
-    }
-    let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
-    if let Some(context) = info.context_length {
-        sampling.check_context(prompt_tokens, context, req.prompt_param)?;
-    }
-    let input = GenerationInput { prompt, sampling, endpoint: req.endpoint, arrived: req.arrived };
-    let gen = generation::begin(&model, &state.cache, input).await?;
     if req.stream {
-        stream(gen, encoder, prompt_tokens, req.endpoint, id.clone(), blame).await
+        stream(gens, req.n as usize, encoder, first_prompt_tokens.unwrap_or(0), req.endpoint, id.clone(), blame).await
     } else {
-        Ok(encoder.complete(generation::collect(gen).await.map_err(|e| blame.error(e))?))
+        let collected = futures_util::future::try_join_all(gens.into_iter().map(generation::collect))
+            .await
+            .map_err(|e| blame.error(e))?;
+        Ok(encoder.complete(collected))
     }
 }
 
@@ -167,25 +216,45 @@ impl Blame {
 }
 
 async fn stream<E: Encoder>(
-    mut gen: Generation,
+    gens: Vec<Generation>,
+    n: usize,
     mut encoder: E,
     prompt_tokens: u32,
     endpoint: &'static str,
     id: RequestId,
     blame: Blame,
 ) -> Result<Response, ApiError> {
-    let first = gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
-    if let GenEvent::Done(Err(e)) = first {
-        return Err(blame.error(e));
+    let choices = gens.len();
+    let mut events: SelectAll<BoxStream<'static, (usize, GenEvent)>> = SelectAll::new();
+    for (choice, mut gen) in gens.into_iter().enumerate() {
+        let first =
+            gen.events.recv().await.ok_or_else(|| ApiError::server("the engine stopped before the first token"))?;
+        if let GenEvent::Done(Err(e)) = first {
+            return Err(blame.error(e));
+        }
+        // The stream owns its generation: dropping it (the client left) cancels the engine work.
+        let rest = futures_util::stream::unfold(gen, move |mut gen| async move {
+            gen.events.recv().await.map(|ev| ((choice, ev), gen))
+        });
+        events.push(futures_util::stream::once(std::future::ready((choice, first))).chain(rest).boxed());
     }
     let mut out = Vec::new();
     encoder.open(prompt_tokens, &mut out);
     // The body is polled after the handler returned: the pump keeps the request's id and span for
     // what it logs.
     let span = tracing::Span::current();
-    let mut pump = Pump { gen, encoder, endpoint, id, span, pending: out.into(), done: false };
-    pump.on(first);
-    let events = futures_util::stream::unfold(pump, |mut pump| async move {
+    let pump = Pump {
+        events,
+        encoder,
+        endpoint,
+        id,
+        span,
+        pending: out.into(),
+        finished: vec![None; choices],
+        n,
+        done: false,
+    };
+    let body = futures_util::stream::unfold(pump, |mut pump| async move {
         loop {
             if let Some(event) = pump.pending.pop_front() {
                 return Some((event, pump));
@@ -193,35 +262,45 @@ async fn stream<E: Encoder>(
             if pump.done {
                 return None;
             }
-            match pump.gen.events.recv().await {
-                Some(ev) => pump.on(ev),
+            match pump.events.next().await {
+                Some((choice, ev)) => pump.on(choice, ev),
                 None => return None,
             }
         }
     });
-    Ok(sse::response(events))
+    Ok(sse::response(body))
 }
 
-/// A stream's state between events: the generation, its encoder, and encoded events not yet sent.
+/// A stream's state between events: the choices' generations, the encoder, and encoded events
+/// not yet sent.
 struct Pump<E> {
-    gen: Generation,
+    events: SelectAll<BoxStream<'static, (usize, GenEvent)>>,
     encoder: E,
     endpoint: &'static str,
     id: RequestId,
     span: tracing::Span,
     pending: VecDeque<String>,
+    /// How each choice finished, once it has.
+    finished: Vec<Option<Finished>>,
+    /// Choices per prompt.
+    n: usize,
     done: bool,
 }
 
 impl<E: Encoder> Pump<E> {
-    fn on(&mut self, ev: GenEvent) {
+    fn on(&mut self, choice: usize, ev: GenEvent) {
         let _span = self.span.clone().entered();
         let mut out = Vec::new();
         match ev {
-            GenEvent::Piece(p) => self.encoder.piece(p, &mut out),
+            GenEvent::Piece(p) => self.encoder.piece(choice, p, &mut out),
             GenEvent::Done(Ok(finished)) => {
-                self.encoder.finish(finished, &mut out);
-                self.done = true;
+                self.encoder.finish(choice, finished, &mut out);
+                self.finished[choice] = Some(finished);
+                if self.finished.iter().all(Option::is_some) {
+                    let all: Vec<Finished> = self.finished.iter().flatten().copied().collect();
+                    self.encoder.end(total(&all, self.n), &mut out);
+                    self.done = true;
+                }
             }
             GenEvent::Done(Err(e)) => {
                 let e = ApiError::from(e);

@@ -51,6 +51,7 @@ pub async fn handle(
             prompt_param: "input",
             constraint_param: req.constraint_param,
             unset: req.unset,
+            n: 1,
             arrived,
         };
         let (echo, store) = (call.echo, call.store && router_stores);
@@ -59,7 +60,7 @@ pub async fn handle(
             let response_id = format!("resp_{}", RequestId::new());
             let start = ResponseObject::in_progress(response_id, model.name.clone(), unix_now(), &echo, store);
             let reader = reading.reader();
-            Ok((prompt, ResponsesEncoder { stream: ResponseStream::new(start), reading, reader }))
+            Ok((vec![prompt], ResponsesEncoder { stream: ResponseStream::new(start), reading, reader }))
         })
         .await
     })
@@ -109,22 +110,26 @@ impl Encoder for ResponsesEncoder {
         self.stream.open(out);
     }
 
-    fn piece(&mut self, piece: Piece, out: &mut Vec<String>) {
+    fn piece(&mut self, _choice: usize, piece: Piece, out: &mut Vec<String>) {
         let events = self.reader.push(&piece.text);
         self.parsed(events, out);
     }
 
-    fn finish(&mut self, finished: Finished, out: &mut Vec<String>) {
+    fn finish(&mut self, _choice: usize, finished: Finished, out: &mut Vec<String>) {
         let events = self.reader.finish();
         self.parsed(events, out);
         self.stream.finish(usage(&finished), ending(&finished), unix_now(), out);
     }
 
+    /// One choice: its finish event was the last.
+    fn end(&mut self, _total: Finished, _out: &mut Vec<String>) {}
+
     fn fail(&mut self, error: &ApiError, out: &mut Vec<String>) {
         self.stream.fail(error, out);
     }
 
-    fn complete(mut self, c: Collected) -> Response {
+    fn complete(mut self, collected: Vec<Collected>) -> Response {
+        let c = collected.into_iter().next().expect("one choice");
         let answer = self.reading.read(&c.text);
         let (text, calls) = (answer.content, answer.calls);
         // The same events a stream would send, kept only for the object they build.

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use llmr_model_store::ModelDescriptor;
 use llmr_node::{Node, NodeConfig};
 use llmr_openai::{
-    ChatCompletion, ChatCompletionChunk, EmbeddingList, EmbeddingValue, FinishReason, Role, TextCompletion,
+    ChatCompletion, ChatCompletionChunk, ChunkChoice, EmbeddingList, EmbeddingValue, FinishReason, Role, TextCompletion,
 };
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -520,4 +520,55 @@ async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
     assert_eq!(r["output"][0]["type"], "reasoning");
     assert_eq!(r["output"][0]["content"][0], json!({"type": "reasoning_text", "text": thinking}));
     assert_eq!(r["output"][1]["content"][0]["text"], "answer<|im_end|> <|im_start|>assistant");
+}
+
+#[tokio::test]
+async fn n_choices_and_several_prompts_are_each_a_generation() {
+    let n = node("echo-many");
+    // Chat, n = 3: three choices of the same prompt, its tokens counted once.
+    let whole: ChatCompletion = body_json(
+        call(&n, post("/v1/chat/completions", chat("echo-many", "hi there", json!({"n": 3, "max_tokens": 2})))).await,
+    )
+    .await;
+    assert_eq!(whole.choices.iter().map(|c| c.index).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(whole.choices.iter().all(|c| c.message.content.as_deref() == Some("<|im_start|>user hi")));
+    let one: ChatCompletion = body_json(
+        call(&n, post("/v1/chat/completions", chat("echo-many", "hi there", json!({"max_tokens": 2})))).await,
+    )
+    .await;
+    let (u, u1) = (whole.usage.unwrap(), one.usage.unwrap());
+    assert_eq!((u.prompt_tokens, u.completion_tokens), (u1.prompt_tokens, 3 * u1.completion_tokens));
+
+    let extra = json!({"n": 2, "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}});
+    let data = events(call(&n, post("/v1/chat/completions", chat("echo-many", "hi there", extra))).await).await;
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1);
+    let chunks: Vec<ChatCompletionChunk> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    for index in 0..2 {
+        let mine: Vec<&ChunkChoice> = chunks.iter().flat_map(|c| &c.choices).filter(|c| c.index == index).collect();
+        let text: String = mine.iter().filter_map(|c| c.delta.content.clone()).collect();
+        assert_eq!(text, "<|im_start|>user hi", "choice {index}");
+        assert_eq!(mine.iter().filter(|c| c.finish_reason.is_some()).count(), 1, "choice {index}");
+    }
+    let usage = chunks.last().unwrap().usage.unwrap();
+    assert_eq!(usage.completion_tokens, 4);
+
+    // Completions: two prompts, two choices each, echoed prompt by prompt.
+    let body =
+        json!({"model": "echo-many", "prompt": ["one two", "three four five"], "n": 2, "max_tokens": 1, "echo": true});
+    let whole: TextCompletion = body_json(call(&n, post("/v1/completions", body.clone())).await).await;
+    let texts: Vec<(u32, &str)> = whole.choices.iter().map(|c| (c.index, c.text.as_str())).collect();
+    assert_eq!(texts, [(0, "one twoone"), (1, "one twoone"), (2, "three four fivethree"), (3, "three four fivethree")]);
+    let usage = whole.usage.unwrap();
+    // BOS + two words, BOS + three words: each prompt counted once.
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (3 + 4, 4));
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let data = events(call(&n, post("/v1/completions", streamed)).await).await;
+    let chunks: Vec<TextCompletion> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    for index in 0..4u32 {
+        let text: String =
+            chunks.iter().flat_map(|c| &c.choices).filter(|c| c.index == index).map(|c| c.text.as_str()).collect();
+        assert_eq!(text, texts[index as usize].1);
+    }
 }

@@ -202,6 +202,7 @@ impl ResponsesRequest {
             constraint_param,
             parallel_tool_calls,
             unset,
+            n: 1,
             continue_final_message: false,
             add_generation_prompt: true,
         };
