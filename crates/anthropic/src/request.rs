@@ -273,7 +273,7 @@ impl Conversation {
         if let Some(system) = system {
             let text = system_text(system)?;
             if !text.trim().is_empty() {
-                messages.push(text_message(Role::System, text));
+                messages.push(ChatMessage::text(Role::System, text));
             }
         }
         let last = wire.len() - 1;
@@ -321,17 +321,6 @@ impl Conversation {
             template_kwargs,
             continue_final_message,
         })
-    }
-}
-
-fn text_message(role: Role, text: String) -> ChatMessage {
-    ChatMessage {
-        role,
-        content: Some(MessageContent::Text(text)),
-        reasoning_content: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        name: None,
     }
 }
 
@@ -383,7 +372,7 @@ fn convert_message(i: usize, m: WireMessage, out: &mut Vec<ChatMessage>) -> Resu
     };
     let blocks = match m.content {
         WireContent::Text(text) => {
-            out.push(text_message(role, text));
+            out.push(ChatMessage::text(role, text));
             return Ok(());
         }
         WireContent::Blocks(blocks) => blocks,
@@ -421,11 +410,11 @@ fn convert_message(i: usize, m: WireMessage, out: &mut Vec<ChatMessage>) -> Resu
     if parts.is_empty() && calls.is_empty() && reasoning.is_empty() {
         // A user turn of tool results only: the `tool` messages are the turn.
         if blocks.is_empty() {
-            out.push(text_message(role, String::new()));
+            out.push(ChatMessage::text(role, String::new()));
         }
         return Ok(());
     }
-    let content = joined(parts);
+    let content = (!parts.is_empty()).then(|| MessageContent::from_parts(parts));
     out.push(ChatMessage {
         role,
         content,
@@ -435,24 +424,6 @@ fn convert_message(i: usize, m: WireMessage, out: &mut Vec<ChatMessage>) -> Resu
         name: None,
     });
     Ok(())
-}
-
-/// Parts that are all text are one text (most templates concatenate `content`).
-fn joined(parts: Vec<MessagePart>) -> Option<MessageContent> {
-    if parts.is_empty() {
-        return None;
-    }
-    let texts: Option<Vec<&str>> = parts
-        .iter()
-        .map(|p| match p {
-            MessagePart::Text { text } => Some(text.as_str()),
-            MessagePart::ImageUrl { .. } => None,
-        })
-        .collect();
-    Some(match texts {
-        Some(texts) => MessageContent::Text(texts.join("\n")),
-        None => MessageContent::Parts(parts),
-    })
 }
 
 fn image(b: &Value, at: &str) -> Result<WireImageUrl, ApiError> {
@@ -505,7 +476,7 @@ fn tool_result(b: &Value, at: &str) -> Result<ChatMessage, ApiError> {
     };
     // The model sees a failed tool call as such (the templates have no error field).
     let text = if b.get("is_error").and_then(Value::as_bool) == Some(true) { format!("Error: {text}") } else { text };
-    let mut m = text_message(Role::Tool, text);
+    let mut m = ChatMessage::text(Role::Tool, text);
     m.tool_call_id = Some(id);
     Ok(m)
 }

@@ -221,6 +221,38 @@ pub enum MessagePart {
     ImageUrl { image_url: WireImageUrl },
 }
 
+impl MessageContent {
+    /// Parts that are all text are one text, joined by newlines (most templates concatenate
+    /// `content` and fail on a list); with an image among them they stay parts.
+    pub fn from_parts(parts: Vec<MessagePart>) -> MessageContent {
+        let texts: Option<Vec<&str>> = parts
+            .iter()
+            .map(|p| match p {
+                MessagePart::Text { text } => Some(text.as_str()),
+                MessagePart::ImageUrl { .. } => None,
+            })
+            .collect();
+        match texts {
+            Some(texts) => MessageContent::Text(texts.join("\n")),
+            None => MessageContent::Parts(parts),
+        }
+    }
+}
+
+impl ChatMessage {
+    /// A message of plain text.
+    pub fn text(role: Role, text: String) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: Some(MessageContent::Text(text)),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionTool {
@@ -437,17 +469,7 @@ fn convert_message(i: usize, m: WireMessage) -> Result<ChatMessage, ApiError> {
                     }
                 });
             }
-            let texts: Option<Vec<&str>> = out
-                .iter()
-                .map(|p| match p {
-                    MessagePart::Text { text } => Some(text.as_str()),
-                    MessagePart::ImageUrl { .. } => None,
-                })
-                .collect();
-            match texts {
-                Some(texts) => Some(MessageContent::Text(texts.join("\n"))),
-                None => Some(MessageContent::Parts(out)),
-            }
+            Some(MessageContent::from_parts(out))
         }
     };
     if m.role == Role::Tool && m.tool_call_id.is_none() {

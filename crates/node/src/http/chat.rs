@@ -29,17 +29,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
     let arrived = Instant::now();
     pipeline::respond(ENDPOINT, &id, async {
         let req = parse_json::<ChatCompletionRequest>(body, state.body_limit)?.validate()?;
-        let generation = GenerationRequest {
-            endpoint: ENDPOINT,
-            model: req.model.clone(),
-            sampling: req.sampling.clone(),
-            stream: req.stream,
-            prompt_param: "messages",
-            constraint_param: req.constraint_param,
-            unset: req.unset,
-            n: req.n,
-            arrived,
-        };
+        let generation = GenerationRequest::chat(ENDPOINT, &req, "messages", arrived);
         pipeline::generate(&state, &id, generation, |model| {
             let (prompt, reading) = render_chat(model, &req)?;
             let n = req.n as usize;

@@ -33,17 +33,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
     let arrived = Instant::now();
     pipeline::respond(ENDPOINT, &id, async {
         let req = parse_json::<MessagesRequest>(body, state.body_limit)?.validate()?;
-        let generation = GenerationRequest {
-            endpoint: ENDPOINT,
-            model: req.model.clone(),
-            sampling: req.sampling.clone(),
-            stream: req.stream,
-            prompt_param: "messages",
-            constraint_param: req.constraint_param,
-            unset: req.unset,
-            n: 1,
-            arrived,
-        };
+        let generation = GenerationRequest::chat(ENDPOINT, &req, "messages", arrived);
         pipeline::generate(&state, &id, generation, |model| {
             let (prompt, reading) = render_chat(model, &req)?;
             let encoder = MessagesEncoder {
@@ -53,7 +43,6 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 reading,
                 blocks: BlockWriter::default(),
                 calls: 0,
-                prompt_tokens: 0,
             };
             Ok((vec![prompt], encoder))
         })
@@ -87,7 +76,6 @@ struct MessagesEncoder {
     blocks: BlockWriter,
     /// Tool calls made so far.
     calls: usize,
-    prompt_tokens: u32,
 }
 
 /// A generation cut by the length limit is `max_tokens` even after calls (the answer is cut).
@@ -130,7 +118,6 @@ impl MessagesEncoder {
 
 impl Encoder for MessagesEncoder {
     fn open(&mut self, prompt_tokens: u32, out: &mut Vec<String>) {
-        self.prompt_tokens = prompt_tokens;
         let usage = Usage { input_tokens: prompt_tokens, ..Default::default() };
         out.push(StreamEvent::MessageStart { message: Message::new(self.id.clone(), self.model.clone(), usage) }.sse());
     }

@@ -20,7 +20,7 @@ use crate::models::LoadedModel;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{BoxStream, SelectAll, StreamExt};
 use llmr_engine_host::{EngineStatus, Sampling, UnsetSampling};
-use llmr_openai::{ApiError, SamplingBounds};
+use llmr_openai::{ApiError, ChatRequest, SamplingBounds};
 use llmr_telemetry::RequestId;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -75,6 +75,23 @@ pub struct GenerationRequest {
     /// Choices per prompt.
     pub n: u32,
     pub arrived: Instant,
+}
+
+impl GenerationRequest {
+    /// What the pipeline needs of a domain chat request (chat completions, Messages, Responses).
+    pub fn chat(endpoint: &'static str, req: &ChatRequest, prompt_param: &'static str, arrived: Instant) -> Self {
+        GenerationRequest {
+            endpoint,
+            model: req.model.clone(),
+            sampling: req.sampling.clone(),
+            stream: req.stream,
+            prompt_param,
+            constraint_param: req.constraint_param,
+            unset: req.unset,
+            n: req.n,
+            arrived,
+        }
+    }
 }
 
 /// Runs a handler's work and answers. An error is counted by endpoint and status, and logged

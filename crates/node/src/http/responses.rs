@@ -43,17 +43,7 @@ pub async fn handle(
             ));
         }
         let req = call.chat;
-        let generation = GenerationRequest {
-            endpoint: ENDPOINT,
-            model: req.model.clone(),
-            sampling: req.sampling.clone(),
-            stream: req.stream,
-            prompt_param: "input",
-            constraint_param: req.constraint_param,
-            unset: req.unset,
-            n: 1,
-            arrived,
-        };
+        let generation = GenerationRequest::chat(ENDPOINT, &req, "input", arrived);
         let (echo, store) = (call.echo, call.store && router_stores);
         pipeline::generate(&state, &id, generation, |model| {
             let (prompt, reading) = render_chat(model, &req)?;

@@ -146,7 +146,7 @@ impl ResponsesRequest {
 
         let mut messages = Vec::new();
         if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.trim().is_empty()) {
-            messages.push(text_message(Role::System, instructions.clone()));
+            messages.push(ChatMessage::text(Role::System, instructions.clone()));
         }
         for (i, item) in input_items(&self.input)?.iter().enumerate() {
             add_item(i, item, &mut messages)?;
@@ -237,17 +237,6 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn text_message(role: Role, text: String) -> ChatMessage {
-    ChatMessage {
-        role,
-        content: Some(MessageContent::Text(text)),
-        reasoning_content: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        name: None,
-    }
-}
-
 fn str_field<'a>(v: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
     match v.get(key) {
         Some(Value::String(s)) => Ok(s),
@@ -327,7 +316,7 @@ fn add_item(i: usize, item: &Value, out: &mut Vec<ChatMessage>) -> Result<(), Ap
                 Some(_) => return Err(ApiError::invalid(&format!("{at}.output"), "must be a string or a list of parts")),
                 None => return Err(ApiError::invalid(&format!("{at}.output"), "is required")),
             };
-            let mut m = text_message(Role::Tool, output);
+            let mut m = ChatMessage::text(Role::Tool, output);
             m.tool_call_id = Some(call_id);
             out.push(m);
         }
@@ -381,17 +370,7 @@ fn message_content(content: Option<&Value>, at: &str) -> Result<MessageContent, 
             }
         });
     }
-    let texts: Option<Vec<&str>> = out
-        .iter()
-        .map(|p| match p {
-            MessagePart::Text { text } => Some(text.as_str()),
-            MessagePart::ImageUrl { .. } => None,
-        })
-        .collect();
-    Ok(match texts {
-        Some(texts) => MessageContent::Text(texts.join("\n")),
-        None => MessageContent::Parts(out),
-    })
+    Ok(MessageContent::from_parts(out))
 }
 
 fn function_tool(i: usize, t: &Value) -> Result<FunctionTool, ApiError> {
