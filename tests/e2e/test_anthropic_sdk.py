@@ -109,7 +109,8 @@ def test_forced_tool_use_and_its_result(claude, choice):
     )
     assert answer.content and answer.content[0].type == "text"
     assert not [b for b in answer.content if b.type == "tool_use"], "tool_choice none makes no call"
-    assert "21" in answer.content[0].text, answer.content[0].text
+    text = answer.content[0].text.lower()
+    assert any(w in text for w in ("21", "twenty-one", "twenty one", "sunny")), text  # the result reached the model
 
 
 def test_streamed_tool_use_accumulates_its_input(claude):
@@ -124,7 +125,7 @@ def test_streamed_tool_use_accumulates_its_input(claude):
     assert final.stop_reason == "tool_use"
     call = [b for b in final.content if b.type == "tool_use"][0]
     jsonschema.validate(call.input, WEATHER["input_schema"])
-    assert "rome" in call.input["city"].lower()
+    assert call.input["city"].lower().startswith("rom"), call.input  # Rome, or Roma
 
 
 def test_output_config_schema(claude):

@@ -110,9 +110,13 @@ def test_a_streamed_response_is_typed_and_stored(api, oai):
 
 
 def test_forced_function_call_and_its_output(api, oai):
-    r = oai.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required")
+    # One call (with parallel calls allowed, a hot Qwen sometimes calls for ten more cities).
+    r = oai.responses.create(
+        model=MODEL, input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+        parallel_tool_calls=False, temperature=0,
+    )
     calls = [o for o in r.output if o.type == "function_call"]
-    assert calls and calls[0].name == "get_weather" and calls[0].call_id
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
     follow = oai.responses.create(
         model=MODEL,
@@ -121,18 +125,20 @@ def test_forced_function_call_and_its_output(api, oai):
         tools=[WEATHER],
         tool_choice="none",
         max_output_tokens=40,
+        temperature=0,
     )
-    assert follow.status in ("completed", "incomplete") and follow.output_text
+    assert follow.status in ("completed", "incomplete") and follow.output, follow
     items = oai.responses.input_items.list(follow.id, order="asc").data
     assert [i.type for i in items] == ["message", "function_call", "function_call_output"]
     openapi.validate("ResponseItemList", api.get(f"/v1/responses/{follow.id}/input_items").json())
 
     with oai.responses.stream(
-        model=MODEL, input="Weather in Rome?", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}
+        model=MODEL, input="Weather in Rome?", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
     ) as stream:
         final = stream.get_final_response()
     call = [o for o in final.output if o.type == "function_call"][0]
-    assert "rome" in json.loads(call.arguments)["city"].lower()
+    assert json.loads(call.arguments)["city"].lower().startswith("rom"), call.arguments
 
 
 class Person(pydantic.BaseModel):

@@ -67,7 +67,7 @@ pub struct CountTokensRequest {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of text blocks")]
 pub enum SystemPrompt {
     Text(String),
     Blocks(Vec<Value>),
@@ -87,7 +87,7 @@ pub enum WireRole {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string or a list of content blocks")]
 pub enum WireContent {
     Text(String),
     /// Blocks stay JSON until converted, so an unknown `type` is reported with its path.
@@ -615,6 +615,7 @@ mod tests {
                 "messages[0].content[0].source.type",
             ),
             (r#"{"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]}"#, "messages[0].role"),
+            (r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":null}]}"#, "messages[0].content"),
             (
                 r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
                 "tools[0].type",

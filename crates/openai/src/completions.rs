@@ -74,7 +74,7 @@ pub struct CompletionRequest {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a string, a list of strings, a list of token ids or a list of token-id lists")]
 pub enum PromptWire {
     Text(String),
     Texts(Vec<String>),

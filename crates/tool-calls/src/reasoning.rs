@@ -2,9 +2,9 @@
 //! DeepSeek-R1 and its distills, SmolLM3, ...).
 //!
 //! Whether a model reasons this way is read from its chat template (it writes `</think>`), and
-//! whether the answer starts inside the thinking from the rendered prompt: DeepSeek-R1's
-//! templates open `<think>` in the generation prompt, and Qwen3's close an empty one when thinking
-//! is off. Otherwise the model opens `<think>` itself, only at the very start of its answer
+//! whether the answer starts inside the thinking from the end of the rendered prompt:
+//! DeepSeek-R1's templates open `<think>` in the generation prompt, and Qwen3's close an empty one
+//! when thinking is off. Otherwise the model opens `<think>` itself, only at the very start of its answer
 //! (after whitespace). Thinking is reported without the tags and the whitespace around it; what
 //! follows `</think>` is the answer, whose leading whitespace is dropped. An answer cut inside
 //! its thinking is all thinking. As with tool calls, the split never depends on how the text was
@@ -25,13 +25,10 @@ impl ReasoningFormat {
         template_source.contains(Self::THINK.close).then_some(Self::THINK)
     }
 
-    /// Whether a prompt leaves the model inside its thinking: the prompt's last `open` is not
-    /// closed after it.
+    /// Whether a prompt leaves the model inside its thinking: the generation prompt ends with the
+    /// open marker (a `<think>` that a user wrote earlier in the conversation does not count).
     pub fn starts_inside(&self, prompt: &str) -> bool {
-        match prompt.rfind(self.open) {
-            Some(at) => !prompt[at..].contains(self.close),
-            None => false,
-        }
+        prompt.trim_end().ends_with(self.open)
     }
 }
 
@@ -312,5 +309,6 @@ mod tests {
         assert!(F.starts_inside("<|im_start|>assistant\n<think>\n"));
         assert!(!F.starts_inside("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "thinking turned off");
         assert!(!F.starts_inside("<|im_start|>assistant\n"));
+        assert!(!F.starts_inside("<|im_start|>user\nwhat does <think> do?<|im_end|>\n<|im_start|>assistant\n"));
     }
 }

@@ -144,6 +144,9 @@ where
     // Counted once the model is known: request JSON must not create metric series.
     metrics::counter!(m::REQUESTS, "endpoint" => req.endpoint, "model" => model.name.clone()).increment(1);
     let (prompts, encoder) = prepare(&model)?;
+    if prompts.is_empty() {
+        return Err(ApiError::server("the endpoint prepared no prompt"));
+    }
     let info = model.engine.info();
     let mut inputs = Vec::with_capacity(prompts.len() * req.n as usize);
     let mut blame = Blame(None);
