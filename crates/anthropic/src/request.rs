@@ -153,6 +153,38 @@ impl MessagesRequest {
             }
             other => other?,
         };
+        let mut conversation = Conversation::validate(
+            self.model,
+            self.messages,
+            self.system,
+            self.tools,
+            self.tool_choice,
+            self.thinking,
+        )?;
+        let mut constraint_param = "output_config.format";
+        if let Some(config) = self.output_config {
+            if let Some(effort) = config.effort {
+                conversation.template_kwargs.insert("reasoning_effort".into(), Value::String(effort));
+            }
+            if let Some(format) = config.format.filter(|f| !f.is_null()) {
+                sampling.constraint = Some(output_format(&format)?);
+                constraint_param = "output_config.format.schema";
+            }
+        }
+        if sampling.constraint.is_some() && conversation.tool_choice.forces_call() {
+            return Err(ApiError::invalid(
+                "output_config.format",
+                "cannot be combined with a forced tool call (`tool_choice` `any` or `tool`)",
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        Ok(conversation.into_request(sampling, unset, stream, constraint_param))
+    }
+}
+
+impl CountTokensRequest {
+    /// The request as a chat request that generates nothing: only its prompt is counted.
+    pub fn validate(self) -> Result<ChatRequest, ApiError> {
         let conversation = Conversation::validate(
             self.model,
             self.messages,
@@ -161,71 +193,7 @@ impl MessagesRequest {
             self.tool_choice,
             self.thinking,
         )?;
-        let mut template_kwargs = conversation.template_kwargs;
-        let mut constraint_param = "output_config.format";
-        if let Some(config) = self.output_config {
-            if let Some(effort) = config.effort {
-                template_kwargs.insert("reasoning_effort".into(), Value::String(effort));
-            }
-            if let Some(format) = config.format.filter(|f| !f.is_null()) {
-                sampling.constraint = Some(output_format(&format)?);
-                constraint_param = "output_config.format.schema";
-            }
-        }
-        if sampling.constraint.is_some()
-            && matches!(conversation.tool_choice, ToolChoice::Required | ToolChoice::Function(_))
-        {
-            return Err(ApiError::invalid(
-                "output_config.format",
-                "cannot be combined with a forced tool call (`tool_choice` `any` or `tool`)",
-            ));
-        }
-        Ok(ChatRequest {
-            model: conversation.model,
-            messages: conversation.messages,
-            tools: conversation.tools,
-            tool_choice: conversation.tool_choice,
-            sampling,
-            stream: self.stream.unwrap_or(false),
-            include_usage: true,
-            template_kwargs,
-            constraint_param,
-            parallel_tool_calls: conversation.parallel_tool_calls,
-            unset,
-            n: 1,
-            continue_final_message: conversation.continue_final_message,
-            add_generation_prompt: true,
-        })
-    }
-}
-
-impl CountTokensRequest {
-    /// The request as a chat request that generates nothing: only its prompt is counted.
-    pub fn validate(self) -> Result<ChatRequest, ApiError> {
-        let c = Conversation::validate(
-            self.model,
-            self.messages,
-            self.system,
-            self.tools,
-            self.tool_choice,
-            self.thinking,
-        )?;
-        Ok(ChatRequest {
-            model: c.model,
-            messages: c.messages,
-            tools: c.tools,
-            tool_choice: c.tool_choice,
-            sampling: Default::default(),
-            stream: false,
-            include_usage: false,
-            template_kwargs: c.template_kwargs,
-            constraint_param: "output_config.format",
-            parallel_tool_calls: c.parallel_tool_calls,
-            unset: Default::default(),
-            n: 1,
-            continue_final_message: c.continue_final_message,
-            add_generation_prompt: true,
-        })
+        Ok(conversation.into_request(Default::default(), Default::default(), false, "output_config.format"))
     }
 }
 
@@ -255,6 +223,32 @@ struct Conversation {
 }
 
 impl Conversation {
+    /// The domain request: one choice, the conversation's prompt, `sampling` for its answer.
+    fn into_request(
+        self,
+        sampling: llmr_openai::Sampling,
+        unset: llmr_openai::UnsetSampling,
+        stream: bool,
+        constraint_param: &'static str,
+    ) -> ChatRequest {
+        ChatRequest {
+            model: self.model,
+            messages: self.messages,
+            tools: self.tools,
+            tool_choice: self.tool_choice,
+            sampling,
+            stream,
+            include_usage: true,
+            template_kwargs: self.template_kwargs,
+            constraint_param,
+            parallel_tool_calls: self.parallel_tool_calls,
+            unset,
+            n: 1,
+            continue_final_message: self.continue_final_message,
+            add_generation_prompt: true,
+        }
+    }
+
     fn validate(
         model: String,
         wire: Vec<WireMessage>,
@@ -535,7 +529,7 @@ fn convert_tool_choice(choice: Option<WireToolChoice>, tools: &[FunctionTool]) -
             ))
         }
     };
-    if tools.is_empty() && matches!(mode, ToolChoice::Required | ToolChoice::Function(_)) {
+    if tools.is_empty() && mode.forces_call() {
         return Err(ApiError::invalid("tool_choice", "requires `tools`"));
     }
     Ok((mode, parallel))

@@ -188,6 +188,13 @@ pub enum ToolChoice {
     Function(String),
 }
 
+impl ToolChoice {
+    /// The model must call (`required`, or a named function).
+    pub fn forces_call(&self) -> bool {
+        matches!(self, ToolChoice::Required | ToolChoice::Function(_))
+    }
+}
+
 /// A validated message: content parts that are all text are joined into one text (as vLLM and
 /// llama.cpp do: most templates concatenate `message.content` and fail on a list).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -383,7 +390,7 @@ impl ChatCompletionRequest {
                 ToolChoice::Function(function.name)
             }
         };
-        if tools.is_empty() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        if tools.is_empty() && tool_choice.forces_call() {
             return Err(ApiError::invalid("tool_choice", "requires `tools`"));
         }
         let constraint_param;
@@ -397,7 +404,7 @@ impl ChatCompletionRequest {
             guided_choice: self.guided_choice.as_ref(),
             guided_grammar: self.guided_grammar.as_ref(),
         })?;
-        if sampling.constraint.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        if sampling.constraint.is_some() && tool_choice.forces_call() {
             return Err(ApiError::invalid(
                 "response_format",
                 "cannot be combined with a forced tool call (`tool_choice` `required` or a named function)",

@@ -164,7 +164,7 @@ impl ResponsesRequest {
         let text = self.text.unwrap_or_else(|| serde_json::json!({"format": {"type": "text"}}));
         let (constraint, constraint_param) = text_format(&text)?;
         sampling.constraint = constraint;
-        if sampling.constraint.is_some() && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        if sampling.constraint.is_some() && tool_choice.forces_call() {
             return Err(ApiError::invalid(
                 "text.format",
                 "cannot be combined with a forced tool call (`tool_choice` `required` or a function)",
@@ -447,7 +447,7 @@ fn tool_choice(choice: Option<&Value>, tools: &[FunctionTool]) -> Result<ToolCho
         },
         Some(_) => return Err(ApiError::invalid("tool_choice", "must be a string or an object")),
     };
-    if tools.is_empty() && matches!(mode, ToolChoice::Required | ToolChoice::Function(_)) {
+    if tools.is_empty() && mode.forces_call() {
         return Err(ApiError::invalid("tool_choice", "requires `tools`"));
     }
     Ok(mode)
