@@ -41,8 +41,12 @@ MODEL_FILES = {
     "smollm2": os.environ.get("LLMR_E2E_SMOLLM2", "smollm2-135m-instruct-q4_1.gguf"),
     "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     "minilm": "all-minilm-l6-v2-f16.gguf",
+    # Speech: Whisper tiny.en (whisper.cpp) and a Piper voice (ONNX Runtime).
+    "whisper": "whisper/ggml-tiny.en.bin",
+    "voice": "piper-joe",
 }
-FETCH_NAMES = {"smollm2": "smollm2", "qwen": "qwen2.5", "minilm": "minilm"}
+FETCH_NAMES = {"smollm2": "smollm2", "qwen": "qwen2.5", "minilm": "minilm", "whisper": "whisper-tiny.en",
+               "voice": "piper-joe onnxruntime"}
 
 LISTENING = re.compile(r"llmr listening on (http://\S+) \(models: ([^;]*); default (\S+)\)")
 START_TIMEOUT_S = 90
@@ -366,8 +370,8 @@ def _start(tmp_path_factory, name: str, models: list[str], extra: list[str]) -> 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """smollm2 (default, preloaded), qwen and minilm."""
-    s = _start(tmp_path_factory, "main", ["smollm2", "qwen", "minilm"], [])
+    """smollm2 (default, preloaded), qwen, minilm, whisper and voice."""
+    s = _start(tmp_path_factory, "main", ["smollm2", "qwen", "minilm", "whisper", "voice"], [])
     yield s
     s.stop()
 

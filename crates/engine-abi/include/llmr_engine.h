@@ -70,7 +70,7 @@ extern "C" {
 #endif
 
 #define LLMR_ENGINE_ABI_MAJOR 1u
-#define LLMR_ENGINE_ABI_MINOR 1u
+#define LLMR_ENGINE_ABI_MINOR 2u
 
 #if defined(_WIN32)
 #define LLMR_EXPORT __declspec(dllexport)
@@ -151,6 +151,10 @@ typedef int32_t llmr_status;
 #define LLMR_CONSTRAINT_JSON_SCHEMA 1u /* a JSON Schema document (its text) */
 #define LLMR_CONSTRAINT_REGEX 2u       /* a regular expression the whole output matches */
 #define LLMR_CONSTRAINT_LARK 3u        /* a Lark grammar, in llguidance's dialect */
+
+/* llmr_transcribe_request.flags (minor 2) */
+#define LLMR_TRANSCRIBE_TRANSLATE (1u << 0)       /* write the speech in English, whatever its language */
+#define LLMR_TRANSCRIBE_WORD_TIMESTAMPS (1u << 1) /* fill llmr_segment.words */
 
 /* llmr_embed_request.flags */
 #define LLMR_EMBED_NORMALIZE (1u << 0) /* L2-normalise each vector */
@@ -342,8 +346,25 @@ typedef struct llmr_transcribe_request {
     size_t sample_count;
     const char *language;        /* ISO 639-1, or NULL to detect */
     const char *prompt;          /* decoding hint, or NULL */
-    float temperature;
+    float temperature;           /* 0: greedy, falling back to higher temperatures when a segment
+                                    looks like a failed decode (Whisper's own rule); > 0: sample at
+                                    this temperature, no fallback */
+    /* Minor 2 (starting at the 1.0 size: see VERSIONING). The host sends flags and beams other
+       than 0 only to plugins built against minor >= 2. */
+    uint32_t padding_1_0;        /* the 1.0 struct's trailing padding: never read */
+    uint32_t flags;              /* LLMR_TRANSCRIBE_* */
+    uint32_t beam_size;          /* > 1: beam search with this many beams; 0 or 1: greedy */
+    uint32_t reserved;
 } llmr_transcribe_request;
+
+/* One word of a segment (minor 2), when LLMR_TRANSCRIBE_WORD_TIMESTAMPS was asked. */
+typedef struct llmr_word {
+    uint32_t struct_size;
+    float probability;           /* mean probability of the word's tokens */
+    uint64_t start_ms;
+    uint64_t end_ms;
+    llmr_str text;               /* as spoken, with its leading space when it has one */
+} llmr_word;
 
 typedef struct llmr_segment {
     uint32_t struct_size;
@@ -351,6 +372,16 @@ typedef struct llmr_segment {
     uint64_t start_ms;
     uint64_t end_ms;
     llmr_str text;
+    /* Minor 2. */
+    const llmr_word *words;      /* word timestamps, or NULL */
+    size_t word_count;
+    const int32_t *tokens;       /* the segment's text tokens */
+    size_t token_count;
+    llmr_str language;           /* ISO 639-1 code of the speech (detected or given); may be empty */
+    float avg_logprob;           /* mean log-probability of the segment's tokens */
+    float no_speech_prob;        /* probability that the segment holds no speech */
+    float temperature;           /* the temperature the segment was decoded at */
+    uint32_t reserved2;
 } llmr_segment;
 
 /* Receives each transcribed segment in order. Return false to cancel. */

@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/llmr_engine.h");
 
 pub const LLMR_ENGINE_ABI_MAJOR: u32 = 1;
-pub const LLMR_ENGINE_ABI_MINOR: u32 = 1;
+pub const LLMR_ENGINE_ABI_MINOR: u32 = 2;
 
 pub type llmr_status = i32;
 pub const LLMR_OK: llmr_status = 0;
@@ -68,6 +68,9 @@ pub const LLMR_CONSTRAINT_NONE: u32 = 0;
 pub const LLMR_CONSTRAINT_JSON_SCHEMA: u32 = 1;
 pub const LLMR_CONSTRAINT_REGEX: u32 = 2;
 pub const LLMR_CONSTRAINT_LARK: u32 = 3;
+
+pub const LLMR_TRANSCRIBE_TRANSLATE: u32 = 1 << 0;
+pub const LLMR_TRANSCRIBE_WORD_TIMESTAMPS: u32 = 1 << 1;
 
 pub const LLMR_EMBED_NORMALIZE: u32 = 1 << 0;
 
@@ -230,6 +233,20 @@ pub struct llmr_transcribe_request {
     pub language: *const c_char,
     pub prompt: *const c_char,
     pub temperature: f32,
+    // Minor 2.
+    pub padding_1_0: u32,
+    pub flags: u32,
+    pub beam_size: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+pub struct llmr_word {
+    pub struct_size: u32,
+    pub probability: f32,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub text: llmr_str,
 }
 
 #[repr(C)]
@@ -239,6 +256,16 @@ pub struct llmr_segment {
     pub start_ms: u64,
     pub end_ms: u64,
     pub text: llmr_str,
+    // Minor 2.
+    pub words: *const llmr_word,
+    pub word_count: usize,
+    pub tokens: *const i32,
+    pub token_count: usize,
+    pub language: llmr_str,
+    pub avg_logprob: f32,
+    pub no_speech_prob: f32,
+    pub temperature: f32,
+    pub reserved2: u32,
 }
 
 pub type llmr_segment_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, segment: *const llmr_segment) -> bool>;

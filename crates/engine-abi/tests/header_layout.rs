@@ -123,9 +123,32 @@ fn rows() -> Vec<Row> {
             language,
             prompt,
             temperature,
+            padding_1_0,
+            flags,
+            beam_size,
+            reserved,
         }
     );
-    layout!(r, llmr_segment { struct_size, reserved, start_ms, end_ms, text });
+    layout!(r, llmr_word { struct_size, probability, start_ms, end_ms, text });
+    layout!(
+        r,
+        llmr_segment {
+            struct_size,
+            reserved,
+            start_ms,
+            end_ms,
+            text,
+            words,
+            word_count,
+            tokens,
+            token_count,
+            language,
+            avg_logprob,
+            no_speech_prob,
+            temperature,
+            reserved2,
+        }
+    );
     layout!(r, llmr_synthesize_request { struct_size, reserved, request_id, model_id, text, voice, speed });
     layout!(
         r,
@@ -195,6 +218,8 @@ fn rows() -> Vec<Row> {
         LLMR_INFER_ADD_BOS,
         LLMR_INFER_IGNORE_EOS,
         LLMR_EMBED_NORMALIZE,
+        LLMR_TRANSCRIBE_TRANSLATE,
+        LLMR_TRANSCRIBE_WORD_TIMESTAMPS,
     );
     r
 }

@@ -164,25 +164,25 @@ impl std::fmt::Debug for EngineInstance {
     }
 }
 
-fn cstring(value: &str, name: &str) -> Result<CString, CallError> {
+pub(crate) fn cstring(value: &str, name: &str) -> Result<CString, CallError> {
     CString::new(value)
         .map_err(|_| CallError { status: EngineStatus::Internal, message: format!("`{name}` contains a NUL byte") })
 }
 
-fn opt_cstring(value: Option<&str>, name: &str) -> Result<Option<CString>, CallError> {
+pub(crate) fn opt_cstring(value: Option<&str>, name: &str) -> Result<Option<CString>, CallError> {
     value.map(|v| cstring(v, name)).transpose()
 }
 
-fn ptr_or_null(value: &Option<CString>) -> *const c_char {
+pub(crate) fn ptr_or_null(value: &Option<CString>) -> *const c_char {
     value.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
 }
 
-fn abi_str(s: &str) -> abi::llmr_str {
+pub(crate) fn abi_str(s: &str) -> abi::llmr_str {
     abi::llmr_str { ptr: s.as_ptr().cast(), len: s.len() }
 }
 
 /// Bytes the plugin lent us, tolerating NULL.
-unsafe fn lent_bytes<'a>(s: abi::llmr_str) -> &'a [u8] {
+pub(crate) unsafe fn lent_bytes<'a>(s: abi::llmr_str) -> &'a [u8] {
     if s.ptr.is_null() || s.len == 0 {
         &[]
     } else {
@@ -217,13 +217,13 @@ unsafe extern "C" fn collect_text(user_data: *mut c_void, data: *const c_char, l
 }
 
 /// State shared with a callback trampoline: the closure and a panic to resume afterwards.
-struct CallbackState<F> {
-    f: F,
-    panic: Option<Box<dyn std::any::Any + Send>>,
+pub(crate) struct CallbackState<F> {
+    pub(crate) f: F,
+    pub(crate) panic: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl<F> CallbackState<F> {
-    fn call(&mut self, body: impl FnOnce(&mut F) -> bool) -> bool {
+    pub(crate) fn call(&mut self, body: impl FnOnce(&mut F) -> bool) -> bool {
         if self.panic.is_some() {
             return false;
         }
@@ -235,7 +235,7 @@ impl<F> CallbackState<F> {
             }
         }
     }
-    fn resume_panic(self) {
+    pub(crate) fn resume_panic(self) {
         if let Some(p) = self.panic {
             resume_unwind(p);
         }
@@ -337,7 +337,7 @@ impl EngineInstance {
     /// UNSUPPORTED unless the plugin reports `capability`: what a newer minor version added is
     /// sent only to plugins that say they read it (an older one would silently ignore the
     /// fields beyond its struct).
-    fn require(&self, capability: u32, what: &str) -> Result<(), CallError> {
+    pub(crate) fn require(&self, capability: u32, what: &str) -> Result<(), CallError> {
         if self.plugin.info.capabilities & capability != 0 {
             return Ok(());
         }
@@ -347,14 +347,14 @@ impl EngineInstance {
         })
     }
 
-    fn check(&self, status: abi::llmr_status) -> Result<(), CallError> {
+    pub(crate) fn check(&self, status: abi::llmr_status) -> Result<(), CallError> {
         match EngineStatus::from_raw(status) {
             None => Ok(()),
             Some(status) => Err(CallError { status, message: last_error(&self.plugin, self.handle.as_ptr()) }),
         }
     }
 
-    fn raw(&self) -> *mut abi::llmr_engine {
+    pub(crate) fn raw(&self) -> *mut abi::llmr_engine {
         self.handle.as_ptr()
     }
 
@@ -617,6 +617,10 @@ impl EngineInstance {
             language: std::ptr::null(),
             prompt: std::ptr::null(),
             temperature: 0.0,
+            padding_1_0: 0,
+            flags: 0,
+            beam_size: 0,
+            reserved: 0,
         };
         self.check(unsafe {
             (self.plugin.exports.transcribe)(self.raw(), &raw, Some(reject_segment), std::ptr::null_mut())

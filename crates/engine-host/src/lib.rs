@@ -10,6 +10,7 @@ mod instance;
 mod manifest;
 mod plugin;
 mod registry;
+mod speech;
 mod status;
 
 pub use discovery::{discover, load_one, DiscoveryOptions, FoundPlugin, PluginState};
@@ -25,6 +26,7 @@ pub use llmr_engine_types::{
 pub use manifest::{Dependency, GpuBackend, Manifest, ManifestError, KNOWN_FORMATS, KNOWN_MODALITIES, SPEC_RUNTIMES};
 pub use plugin::{Plugin, PluginInfo};
 pub use registry::{EngineRegistry, ModelRequirements, ResolveError};
+pub use speech::{Segment, SynthesizeParams, TranscribeParams, Word};
 pub use status::{CallError, EngineStatus};
 
 /// Path of the published JSON Schema of `manifest.json`.

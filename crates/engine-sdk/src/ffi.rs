@@ -56,6 +56,8 @@ fn guard(instance_id: u64, body: impl FnOnce() -> Result<(), EngineError>) -> ab
 /// The sizes of the structs that grew after 1.0, as 1.0 hosts send them: minor 1's fields start
 /// where 1.0's struct ended (the header's rule), so their first field's offset is the 1.0 size.
 const V1_0_INFER_REQUEST: usize = std::mem::offset_of!(abi::llmr_infer_request, constraint);
+/// Minor 2 named the 1.0 transcribe request's trailing padding, so its new fields start after it.
+const V1_0_TRANSCRIBE_REQUEST: usize = std::mem::offset_of!(abi::llmr_transcribe_request, flags);
 const V1_0_EMBED_REQUEST: usize = std::mem::offset_of!(abi::llmr_embed_request, token_inputs);
 
 fn bad_arg(what: &str) -> EngineError {
@@ -442,7 +444,7 @@ pub unsafe fn transcribe<E: Engine>(
 ) -> abi::llmr_status {
     guard(instance_id::<E>(engine), || {
         let inst = instance::<E>(engine)?;
-        let r = read_sized(request, "request", std::mem::size_of::<abi::llmr_transcribe_request>())?;
+        let r = read_sized(request, "request", V1_0_TRANSCRIBE_REQUEST)?;
         if r.samples.is_null() && r.sample_count > 0 {
             return Err(bad_arg("`request.samples` is NULL"));
         }
@@ -455,6 +457,9 @@ pub unsafe fn transcribe<E: Engine>(
             language: opt_cstr(r.language, "request.language")?,
             prompt: opt_cstr(r.prompt, "request.prompt")?,
             temperature: r.temperature,
+            translate: r.flags & abi::LLMR_TRANSCRIBE_TRANSLATE != 0,
+            word_timestamps: r.flags & abi::LLMR_TRANSCRIBE_WORD_TIMESTAMPS != 0,
+            beam_size: r.beam_size,
         };
         inst.engine.transcribe(&req, &mut SegmentSink::new(on_segment, user_data))
     })

@@ -244,6 +244,37 @@ pub struct TranscribeRequest<'a> {
     pub sample_rate: u32,
     pub language: Option<&'a str>,
     pub prompt: Option<&'a str>,
+    /// 0: greedy with Whisper's temperature fallback; > 0: sample at this temperature.
+    pub temperature: f32,
+    /// Write the speech in English (minor 2).
+    pub translate: bool,
+    /// Fill [`Segment::words`] (minor 2).
+    pub word_timestamps: bool,
+    /// > 1: beam search with this many beams (minor 2).
+    pub beam_size: u32,
+}
+
+/// One word of a [`Segment`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Word {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub text: String,
+    pub probability: f32,
+}
+
+/// One transcribed segment, as a plugin hands it to [`SegmentSink::emit`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Segment<'a> {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub text: &'a str,
+    pub words: &'a [Word],
+    pub tokens: &'a [i32],
+    /// ISO 639-1 code of the speech; empty when unknown.
+    pub language: &'a str,
+    pub avg_logprob: f32,
+    pub no_speech_prob: f32,
     pub temperature: f32,
 }
 
@@ -257,18 +288,39 @@ impl SegmentSink {
     pub(crate) fn new(callback: abi::llmr_segment_fn, user_data: *mut c_void) -> Self {
         Self { callback, user_data }
     }
-    pub fn emit(&mut self, start_ms: u64, end_ms: u64, text: &str) -> bool {
+    /// Hands a segment to the host; false: the host wants no more (cancel).
+    pub fn emit(&mut self, segment: &Segment<'_>) -> bool {
         let Some(callback) = self.callback else {
             return true;
         };
+        let words: Vec<abi::llmr_word> = segment
+            .words
+            .iter()
+            .map(|w| abi::llmr_word {
+                struct_size: std::mem::size_of::<abi::llmr_word>() as u32,
+                probability: w.probability,
+                start_ms: w.start_ms,
+                end_ms: w.end_ms,
+                text: str_to_abi(&w.text),
+            })
+            .collect();
         let raw = abi::llmr_segment {
             struct_size: std::mem::size_of::<abi::llmr_segment>() as u32,
             reserved: 0,
-            start_ms,
-            end_ms,
-            text: str_to_abi(text),
+            start_ms: segment.start_ms,
+            end_ms: segment.end_ms,
+            text: str_to_abi(segment.text),
+            words: if words.is_empty() { std::ptr::null() } else { words.as_ptr() },
+            word_count: words.len(),
+            tokens: if segment.tokens.is_empty() { std::ptr::null() } else { segment.tokens.as_ptr() },
+            token_count: segment.tokens.len(),
+            language: str_to_abi(segment.language),
+            avg_logprob: segment.avg_logprob,
+            no_speech_prob: segment.no_speech_prob,
+            temperature: segment.temperature,
+            reserved2: 0,
         };
-        // SAFETY: `raw` outlives the call.
+        // SAFETY: `raw` and what it points to outlive the call.
         unsafe { callback(self.user_data, &raw) }
     }
 }

@@ -39,6 +39,18 @@ pub struct ModelInfo {
     /// The sampling settings the model recommends, for what requests leave unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_defaults: Option<SamplingDefaults>,
+    /// Speech models: the ISO 639-1 codes of the languages it hears or speaks (one for an
+    /// English-only Whisper), and whether it can translate speech into English.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub languages: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub translates: Option<bool>,
+    /// Text-to-speech models: the voices a request may name (the first is the default) and the
+    /// rate of the audio it makes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub voices: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_rate: Option<u32>,
     /// What this model (not the engine) can do. Names this host does not know are dropped: it
     /// could not serve them anyway.
     #[serde(default, deserialize_with = "known_capabilities", skip_serializing_if = "Vec::is_empty")]

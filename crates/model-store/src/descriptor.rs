@@ -91,10 +91,19 @@ impl ModelDescriptor {
     /// or a Hugging Face model folder (safetensors, `config.json`, `tokenizer.json`), named after
     /// the folder.
     pub fn from_path(path: &Path) -> Result<Self, StoreError> {
+        let stem = |p: &Path| p.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_string();
         if !path.is_dir() {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if layout::has_extension(name, ".onnx") || crate::speech::is_ggml_file(path) {
+                return Self::from_speech_file(stem(path), path);
+            }
             return Self::from_gguf_file(path);
         }
         let listing = layout::read_dir(path).map_err(StoreError::io(path))?;
+        if !listing.has_safetensors() && listing.has_speech_model() {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+            return listing.speech_model(name);
+        }
         if !listing.has_safetensors() {
             return Err(StoreError::NoModelFiles { dir: path.to_path_buf() });
         }
@@ -135,6 +144,15 @@ impl ModelDescriptor {
         if listing.has_safetensors() {
             let model = crate::safetensors::inspect(&listing)?;
             return Self::from_safetensors(name, &model_dir, model);
+        }
+        // A speech model: the primary itself (a Piper voice's config must be among the files).
+        let primary_path = model_dir.join(primary_name);
+        if layout::has_extension(primary_name, ".onnx") && !listing.files.contains(&format!("{primary_name}.json")) {
+            let config = model_dir.join(format!("{primary_name}.json"));
+            return Err(StoreError::MissingVoiceConfig { path: primary_path, config });
+        }
+        if listing.has_speech_model() {
+            return Self::from_speech_file(name, &primary_path);
         }
         Err(StoreError::NoModelFiles { dir: model_dir })
     }

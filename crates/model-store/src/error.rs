@@ -12,7 +12,7 @@ pub enum StoreError {
     Name(#[from] NameError),
     #[error("model '{name}' not found (no directory {})", dir.display())]
     NotFound { name: String, dir: PathBuf },
-    #[error("{}: no model files (expected a .gguf, a .safetensors or a .safetensors.index.json)", dir.display())]
+    #[error("{}: no model files (expected a .gguf, a .safetensors, a .safetensors.index.json, a whisper.cpp .bin or a Piper .onnx voice)", dir.display())]
     NoModelFiles { dir: PathBuf },
     #[error("{}: {source}", path.display())]
     Gguf {
@@ -38,6 +38,12 @@ pub enum StoreError {
     MissingGgufParts { primary: PathBuf, missing: Vec<String> },
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
+    #[error("{} is a Piper voice without its config {}", path.display(), config.display())]
+    MissingVoiceConfig { path: PathBuf, config: PathBuf },
+    #[error("{} is neither a whisper.cpp (ggml) model nor a Piper voice (.onnx)", path.display())]
+    NotSpeechModel { path: PathBuf },
+    #[error("{}: several speech models ({}); keep one per directory", dir.display(), files.join(", "))]
+    AmbiguousSpeechModel { dir: PathBuf, files: Vec<String> },
     #[error("{} is not a plain *.gguf file name", path.display())]
     NotGgufFileName { path: PathBuf },
     #[error("model '{name}' clashes with {}: a store directory holds either a model or an organisation's models", other.display())]

@@ -59,6 +59,11 @@ pub(crate) fn has_extension(name: &str, ext: &str) -> bool {
     }
 }
 
+/// A folder holding a model's files (GGUF, safetensors or a speech model) directly.
+pub fn is_model_dir(path: &Path) -> bool {
+    path.is_dir() && read_dir(path).is_ok_and(|listing| listing.has_model_files())
+}
+
 pub fn is_gguf(file_name: &str) -> bool {
     has_extension(file_name, ".gguf")
 }
@@ -131,7 +136,7 @@ impl DirListing {
     }
 
     pub fn has_model_files(&self) -> bool {
-        !self.gguf_models().is_empty() || self.has_safetensors()
+        !self.gguf_models().is_empty() || self.has_safetensors() || self.has_speech_model()
     }
 }
 

@@ -16,11 +16,13 @@ mod import;
 mod layout;
 mod name;
 mod safetensors;
+mod speech;
 mod store;
 
 pub use descriptor::{runtime_for, Capability, Format, ModelDescriptor};
 pub use error::StoreError;
-pub use layout::{is_gguf, is_mmproj, split_part, split_part_name};
+pub use layout::{is_gguf, is_mmproj, is_model_dir, split_part, split_part_name};
 pub use name::{ModelName, ModelRef, NameError, NameProblem, MAX_NAME_LEN};
 pub use safetensors::SafetensorsError;
+pub use speech::is_ggml_file;
 pub use store::ModelStore;

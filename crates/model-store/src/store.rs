@@ -151,6 +151,13 @@ fn resolve_in(model_ref: &ModelRef, listing: &DirListing) -> Result<ModelDescrip
     let ggufs = listing.gguf_models();
     let has_safetensors = listing.has_safetensors();
     if ggufs.is_empty() {
+        if !has_safetensors && listing.has_speech_model() {
+            if model_ref.quantization.is_some() {
+                let format = listing.speech_model(name.to_string())?.format;
+                return Err(StoreError::TagOnNonGguf { name: name.to_string(), format });
+            }
+            return listing.speech_model(name.to_string());
+        }
         if !has_safetensors {
             return Err(StoreError::NoModelFiles { dir: listing.dir.clone() });
         }

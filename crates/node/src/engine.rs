@@ -6,7 +6,7 @@
 
 use llmr_engine_host::{
     abi, CallError, EmbedInputs, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec,
-    Plugin, TokenEvent,
+    Plugin, Segment, SynthesizeParams, TokenEvent, TranscribeParams,
 };
 use llmr_model_store::ModelDescriptor;
 use std::sync::Arc;
@@ -30,6 +30,18 @@ pub trait Engine: Send + Sync {
         normalize: bool,
         on_embedding: &mut dyn FnMut(usize, &[f32]) -> bool,
     ) -> Result<u32, CallError>;
+    /// Blocks until the audio is transcribed; `on_segment` returning false cancels it.
+    fn transcribe(
+        &self,
+        params: &TranscribeParams<'_>,
+        on_segment: &mut dyn FnMut(Segment) -> bool,
+    ) -> Result<(), CallError>;
+    /// Blocks until the text is spoken; `on_audio(samples, rate)` returning false cancels it.
+    fn synthesize(
+        &self,
+        params: &SynthesizeParams<'_>,
+        on_audio: &mut dyn FnMut(&[f32], u32) -> bool,
+    ) -> Result<(), CallError>;
     /// Stops request `request_id` wherever it is (queued, prefill or decode).
     fn cancel(&self, request_id: u64);
     /// The engine's own counters (KV usage, slots), as JSON.
@@ -122,6 +134,22 @@ impl Engine for PluginEngine {
         on_embedding: &mut dyn FnMut(usize, &[f32]) -> bool,
     ) -> Result<u32, CallError> {
         self.instance.embed_inputs(request_id, &self.model_id, inputs, normalize, on_embedding)
+    }
+
+    fn transcribe(
+        &self,
+        params: &TranscribeParams<'_>,
+        on_segment: &mut dyn FnMut(Segment) -> bool,
+    ) -> Result<(), CallError> {
+        self.instance.transcribe(&TranscribeParams { model_id: &self.model_id, ..params.clone() }, on_segment)
+    }
+
+    fn synthesize(
+        &self,
+        params: &SynthesizeParams<'_>,
+        on_audio: &mut dyn FnMut(&[f32], u32) -> bool,
+    ) -> Result<(), CallError> {
+        self.instance.synthesize(&SynthesizeParams { model_id: &self.model_id, ..params.clone() }, on_audio)
     }
 
     fn cancel(&self, request_id: u64) {

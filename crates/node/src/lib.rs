@@ -32,4 +32,4 @@ pub use engine::{Engine, EngineSettings, PluginEngine};
 pub use error::NodeError;
 pub use http::health_report;
 pub use models::{total_memory_bytes, LoadSnapshot, ModelManager, ModelPolicy};
-pub use node::{Node, NodeConfig};
+pub use node::{AudioLimits, Node, NodeConfig};

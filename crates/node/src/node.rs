@@ -39,6 +39,28 @@ pub struct NodeConfig {
     pub metrics_file: Option<PathBuf>,
     /// The KV policy every model starts with (a patch on the baseline, checked at start).
     pub kv_policy: Option<serde_json::Value>,
+    pub audio: AudioLimits,
+}
+
+/// Bounds on the speech endpoints' inputs (each refused with 413 naming its field).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AudioLimits {
+    /// An uploaded audio file, in bytes (OpenAI's limit: 25 MiB).
+    pub max_upload_bytes: usize,
+    /// Seconds of audio in one upload, checked while decoding.
+    pub max_seconds: f64,
+    /// Characters of text to speak in one request (OpenAI's limit: 4096).
+    pub max_speech_chars: usize,
+}
+
+impl Default for AudioLimits {
+    fn default() -> Self {
+        AudioLimits {
+            max_upload_bytes: llmr_openai::audio::DEFAULT_MAX_AUDIO_BYTES,
+            max_seconds: 3600.0,
+            max_speech_chars: llmr_openai::audio::MAX_SPEECH_INPUT_CHARS,
+        }
+    }
 }
 
 impl Default for NodeConfig {
@@ -57,6 +79,7 @@ impl Default for NodeConfig {
             control_port: None,
             metrics_file: None,
             kv_policy: None,
+            audio: AudioLimits::default(),
         }
     }
 }
@@ -120,6 +143,7 @@ impl Node {
             cache: Arc::new(GenerationCache::new(cache_bytes)),
             api_keys: config.api_keys.iter().filter(|k| !k.is_empty()).cloned().collect(),
             body_limit: config.body_limit,
+            audio: config.audio,
             fingerprint: format!("llmr-{}", env!("CARGO_PKG_VERSION")),
         });
         crate::metrics::handle();

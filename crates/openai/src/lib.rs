@@ -5,6 +5,7 @@
 //! No other crate knows OpenAI JSON (DESIGN.md).
 #![forbid(unsafe_code)]
 
+pub mod audio;
 mod chat;
 mod common;
 mod completions;

@@ -17,6 +17,8 @@ pub struct RouterConfig {
     /// Silent this long: unhealthy (no traffic) until the next heartbeat.
     pub heartbeat_timeout: Duration,
     pub body_limit: usize,
+    /// Audio uploads (`/v1/audio/transcriptions`, `translations`) may be this large.
+    pub audio_body_limit: usize,
     /// Hugging Face compatible hub for registrations (`HF_ENDPOINT`).
     pub hub_endpoint: String,
     pub hf_token: Option<String>,
@@ -36,6 +38,7 @@ impl RouterConfig {
             heartbeat_interval: Duration::from_secs(2),
             heartbeat_timeout: Duration::from_secs(6),
             body_limit: 16 << 20,
+            audio_body_limit: llmr_openai::audio::DEFAULT_MAX_AUDIO_BYTES,
             hub_endpoint: llmr_hub::endpoint_from_env(),
             hf_token: llmr_hub::token_from_env(),
             fixed_keys: Vec::new(),

@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use llmr_anthropic::{CountTokensRequest, MessagesRequest};
+use llmr_openai::audio::{SpeechRequest, TranscriptionRequest, MAX_SPEECH_INPUT_CHARS};
 use llmr_openai::{
     ApiError, ChatCompletionRequest, CompletionPrompt, CompletionRequest, EmbeddingRequest, ModelList, ResponsesRequest,
 };
@@ -47,6 +48,9 @@ pub enum Endpoint {
     Messages,
     CountTokens,
     Responses,
+    Transcriptions,
+    Translations,
+    Speech,
 }
 
 impl Endpoint {
@@ -58,6 +62,9 @@ impl Endpoint {
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
             Endpoint::Responses => "/v1/responses",
+            Endpoint::Transcriptions => "/v1/audio/transcriptions",
+            Endpoint::Translations => "/v1/audio/translations",
+            Endpoint::Speech => "/v1/audio/speech",
         }
     }
 
@@ -69,6 +76,9 @@ impl Endpoint {
             Endpoint::Messages => "messages",
             Endpoint::CountTokens => "count_tokens",
             Endpoint::Responses => "responses",
+            Endpoint::Transcriptions => "transcriptions",
+            Endpoint::Translations => "translations",
+            Endpoint::Speech => "speech",
         }
     }
 
@@ -88,8 +98,40 @@ pub(crate) struct Routed {
     pub affinity: Option<u64>,
 }
 
+/// What the router needs from a request, with the headers it must pass on as they came (a
+/// multipart body's `Content-Type` names its boundary).
+async fn inspect_upload(
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Routed, HeaderMap), ApiError> {
+    let content_type = headers.get(header::CONTENT_TYPE).cloned();
+    let routed = match endpoint {
+        Endpoint::Transcriptions | Endpoint::Translations => {
+            let text = content_type.as_ref().and_then(|v| v.to_str().ok());
+            let form = llmr_openai::audio::Form::read(text, body.clone()).await?;
+            let r = TranscriptionRequest::from_form(form, endpoint == Endpoint::Translations)?;
+            Routed { model: r.model, stream: r.stream, affinity: None }
+        }
+        _ => inspect(endpoint, body)?,
+    };
+    let mut pass = HeaderMap::new();
+    if let (Endpoint::Transcriptions | Endpoint::Translations, Some(v)) = (endpoint, content_type) {
+        pass.insert(header::CONTENT_TYPE, v);
+    }
+    Ok((routed, pass))
+}
+
 fn inspect(endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
     match endpoint {
+        Endpoint::Transcriptions | Endpoint::Translations => {
+            Err(ApiError::server("a multipart upload is inspected by inspect_upload"))
+        }
+        Endpoint::Speech => {
+            let r = SpeechRequest::parse(body, MAX_SPEECH_INPUT_CHARS)?;
+            // Speech is always streamed: audio bytes pass through as the node makes them.
+            Ok(Routed { model: r.model, stream: true, affinity: None })
+        }
         Endpoint::Chat => {
             let r = llmr_openai::parse_body::<ChatCompletionRequest>(body)?.validate()?;
             let leading = serde_json::to_string(&r.messages).unwrap_or_default();
@@ -159,6 +201,54 @@ pub async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     proxy(state, id, Endpoint::Embeddings, body).await
+}
+
+pub async fn transcriptions(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy_upload(state, id, Endpoint::Transcriptions, headers, body).await
+}
+
+pub async fn translations(
+    state: State<Arc<RouterState>>,
+    id: RequestId,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    proxy_upload(state, id, Endpoint::Translations, headers, body).await
+}
+
+pub async fn speech(state: State<Arc<RouterState>>, id: RequestId, body: Result<Bytes, BytesRejection>) -> Response {
+    proxy(state, id, Endpoint::Speech, body).await
+}
+
+/// [`proxy`] for the audio endpoints, whose bodies need an async read (multipart) and the
+/// route's own size limit.
+async fn proxy_upload(
+    State(state): State<Arc<RouterState>>,
+    id: RequestId,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => {
+            let mut e = rejection_error(r, state.config.audio_body_limit);
+            if e.status == 413 {
+                e.param = Some("file".into());
+            }
+            return refuse(endpoint, e);
+        }
+    };
+    match inspect_upload(endpoint, &headers, &body).await {
+        Ok((routed, pass)) => send(&state, id, endpoint, routed, body, pass, started).await,
+        Err(e) => refuse(endpoint, e),
+    }
 }
 
 /// Models a client can ask for: registered ones and those some node serves from its own store.
@@ -349,7 +439,9 @@ async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_fl
     }
     let headers = pass_headers(upstream.headers());
     let is_sse = headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    if req.routed.stream && is_sse && status.is_success() {
+    // Speech streams its audio itself (not as SSE) unless the client asked for events.
+    let streams = is_sse || req.endpoint == Endpoint::Speech;
+    if req.routed.stream && streams && status.is_success() {
         let name = node.name.clone();
         let (id, model, endpoint) = (req.id.clone(), req.routed.model.clone(), req.endpoint);
         let mut guard = Some(in_flight);
@@ -365,7 +457,8 @@ async fn forward(state: &RouterState, node: &Arc<LiveNode>, req: &Proxied, in_fl
                     let e = ApiError::with_status(502, format!("node '{name}' failed mid-stream: {}", error_chain(&e)));
                     // Polled by the server after the handler returned: outside the request's span.
                     tracing::warn!(request_id = %id, node = %name, model = %model, "{}", e.message);
-                    Some(Ok(Bytes::from(endpoint.error_event(&e))))
+                    // Audio simply ends early: an event in the middle of it would be noise.
+                    is_sse.then(|| Ok(Bytes::from(endpoint.error_event(&e))))
                 }
             };
             std::future::ready(item)

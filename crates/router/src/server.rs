@@ -55,6 +55,13 @@ impl Router {
             .route("/messages/count_tokens", post(gateway::count_tokens))
             .route_layer(middleware::from_fn_with_state(s.clone(), auth::api))
             .route_layer(middleware::from_fn(llmr_anthropic::error::anthropic_errors));
+        // Audio uploads have a limit of their own (OpenAI's 25 MiB by default).
+        let audio = axum::Router::new()
+            .route("/audio/transcriptions", post(gateway::transcriptions))
+            .route("/audio/translations", post(gateway::translations))
+            .route("/audio/speech", post(gateway::speech))
+            .route_layer(middleware::from_fn_with_state(s.clone(), auth::api))
+            .layer(DefaultBodyLimit::max(s.config.audio_body_limit));
         let node_calls = axum::Router::new()
             .route("/nodes", post(admin::register_node))
             .route("/nodes/{id}/heartbeat", post(admin::heartbeat))
@@ -70,7 +77,7 @@ impl Router {
             .route("/keys/{id}", delete(admin::revoke_key))
             .route_layer(middleware::from_fn_with_state(s.clone(), auth::admin));
         axum::Router::new()
-            .nest("/v1", v1.merge(anthropic))
+            .nest("/v1", v1.merge(anthropic).merge(audio))
             .nest("/v0", node_calls.merge(admin_calls))
             .route("/health", get(health))
             .route("/metrics", get(metrics))

@@ -81,6 +81,7 @@ impl Serve {
         router_config.heartbeat_interval = Duration::from_secs(2);
         router_config.heartbeat_timeout = Duration::from_secs(15);
         router_config.body_limit = config.node.body_limit;
+        router_config.audio_body_limit = config.node.audio.max_upload_bytes;
         router_config.cors = config.cors;
         router_config.fixed_keys.push((node_token.clone(), "embedded node".into(), vec![Scope::Node]));
         if let Some(key) = api_key {

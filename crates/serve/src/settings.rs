@@ -16,7 +16,7 @@ use crate::serve::{ServeConfig, DEFAULT_MODEL};
 use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
-use llmr_node::NodeConfig;
+use llmr_node::{AudioLimits, NodeConfig};
 use llmr_router::CorsOrigins;
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,15 @@ pub struct NodeSettings {
     /// Largest request body accepted (413 beyond).
     #[arg(long, env = "LLMR_BODY_LIMIT_MIB")]
     pub body_limit_mib: Option<usize>,
+    /// Largest audio upload for transcription (413 beyond; default 25, OpenAI's limit).
+    #[arg(long, env = "LLMR_MAX_AUDIO_MIB")]
+    pub max_audio_mib: Option<usize>,
+    /// Longest audio one transcription request may hold, in seconds (413 beyond; default 3600).
+    #[arg(long, env = "LLMR_MAX_AUDIO_SECONDS")]
+    pub max_audio_seconds: Option<f64>,
+    /// Most characters of text one speech request may speak (413 beyond; default 4096).
+    #[arg(long, env = "LLMR_MAX_SPEECH_CHARS")]
+    pub max_speech_chars: Option<usize>,
     /// The KV-cache control API (POST /v1/policy, POST /v1/run-context, GET /v1/metrics,
     /// GET /v1/health) on 127.0.0.1 at this port; off by default.
     #[arg(long, env = "LLMR_CONTROL_PORT")]
@@ -99,6 +108,11 @@ impl NodeSettings {
             control_port: self.control_port,
             metrics_file: self.metrics_file.clone(),
             kv_policy,
+            audio: AudioLimits {
+                max_upload_bytes: self.max_audio_mib.map_or(defaults.audio.max_upload_bytes, |m| m << 20),
+                max_seconds: self.max_audio_seconds.unwrap_or(defaults.audio.max_seconds),
+                max_speech_chars: self.max_speech_chars.unwrap_or(defaults.audio.max_speech_chars),
+            },
         })
     }
 }
@@ -186,15 +200,15 @@ pub(crate) fn check_exposure(host: &str, api_key: Option<&str>, no_auth: bool) -
     Ok(())
 }
 
-/// A `--model` value resolved to a descriptor: a GGUF file or a safetensors model folder, else
-/// a store name; `ALIAS=` renames.
+/// A `--model` value resolved to a descriptor: a model file (GGUF, whisper.cpp) or a model
+/// folder (safetensors, a Piper voice), else a store name; `ALIAS=` renames.
 fn resolve_model(spec: &str, store: &ModelStore) -> Result<ModelDescriptor, Error> {
     let (alias, target) = match spec.split_once('=') {
         Some((a, t)) if !a.is_empty() && !a.contains('/') => (Some(a), t),
         _ => (None, spec),
     };
     let path = Path::new(target);
-    let mut desc = if path.is_file() || path.join("config.json").is_file() {
+    let mut desc = if path.is_file() || path.join("config.json").is_file() || llmr_model_store::is_model_dir(path) {
         ModelDescriptor::from_path(path).map_err(|e| Error::ModelFile { spec: target.to_owned(), source: e.into() })?
     } else {
         store.resolve(target).map_err(|e| Error::ModelNotFound {
@@ -424,6 +438,9 @@ mod tests {
             "memory_budget_mib",
             "cache_mib",
             "body_limit_mib",
+            "max_audio_mib",
+            "max_audio_seconds",
+            "max_speech_chars",
             "control_port",
             "metrics_file",
             "kv_policy",

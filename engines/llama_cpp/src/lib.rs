@@ -323,6 +323,7 @@ impl Engine for LlamaCppEngine {
                 vec![Capability::Text, Capability::Embedding]
             },
             extra,
+            ..ModelInfo::default()
         })
     }
 

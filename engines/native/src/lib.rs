@@ -372,6 +372,7 @@ impl Engine for NativeEngine {
             sampling_defaults: m.sampling_defaults,
             capabilities: vec![Capability::Text, Capability::Embedding],
             extra,
+            ..ModelInfo::default()
         })
     }
 

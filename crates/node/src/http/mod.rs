@@ -3,6 +3,7 @@
 //! Every generating endpoint runs the one pipeline in [`pipeline`] and differs only by its
 //! encoder; every error becomes an `ApiError` through the one mapping in `error.rs`.
 
+mod audio_error;
 mod chat;
 mod completions;
 mod embeddings;
@@ -13,7 +14,9 @@ mod ops;
 pub mod pipeline;
 pub mod responses;
 pub use ops::health_report;
+mod speech;
 mod sse;
+mod transcriptions;
 
 use crate::cache::GenerationCache;
 use crate::models::ModelManager;
@@ -36,6 +39,7 @@ pub struct AppState {
     /// Any of these opens `/v1`; empty: no authentication.
     pub api_keys: Vec<String>,
     pub body_limit: usize,
+    pub audio: crate::node::AudioLimits,
     /// `system_fingerprint`: names this build, so clients can tell servers apart.
     pub fingerprint: String,
 }
@@ -101,8 +105,15 @@ pub fn router(state: SharedState) -> Router {
         .route("/messages/count_tokens", post(messages::count_tokens))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .route_layer(middleware::from_fn(llmr_anthropic::error::anthropic_errors));
+    // Uploads of audio have their own size limit (OpenAI's 25 MiB by default).
+    let audio = Router::new()
+        .route("/audio/transcriptions", post(transcriptions::transcriptions))
+        .route("/audio/translations", post(transcriptions::translations))
+        .route("/audio/speech", post(speech::handle))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(DefaultBodyLimit::max(state.audio.max_upload_bytes));
     Router::new()
-        .nest("/v1", v1.merge(anthropic))
+        .nest("/v1", v1.merge(anthropic).merge(audio))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .fallback(not_found)
