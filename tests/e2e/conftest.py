@@ -16,6 +16,7 @@ bound to this process with PR_SET_PDEATHSIG, so even a killed pytest leaves no o
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import re
 import secrets
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import wave
 from collections import deque
 from pathlib import Path
 
@@ -120,10 +122,12 @@ class Child:
         self._tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
 
-    def start(self, cmd: list[str], ready: re.Pattern, cwd: Path, home: Path | None = None) -> re.Match:
+    def start(self, cmd: list[str], ready: re.Pattern, cwd: Path, home: Path | None = None,
+              extra_env: dict[str, str] | None = None) -> re.Match:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLMR_")}
         if home is not None:
             env["HOME"] = str(home)
+        env.update(extra_env or {})
         log = open(self.log_path, "w", encoding="utf-8", errors="replace")
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -324,6 +328,7 @@ class LlmrCluster(Endpoint):
         check_prerequisites(self.models)
         self.admin_key, self.api_key = self._key("admin", "admin"), self._key("e2e", "api")
         admin, node = self.admin_key, self._key("nodes", "node")
+        self.node_key = node
         m = self.router.start(
             [str(llmr_binary()), "router", "--host", "127.0.0.1", "--port", "0", "--allow-cpu-nodes",
              "--db", str(self.db)],
@@ -343,12 +348,14 @@ class LlmrCluster(Endpoint):
             [str(llmr_binary()), "node", "--router", self.base_url, "--token", node, "--name", "e2e-node",
              "--port", "0", "--store", str(store), "--engines-dir", str(engines_dir()), "--cache-mib", "0"],
             NODE_LISTENING, self.workdir, home=self.workdir,
+            # The node's HOME is the test's folder: tell the TTS plugin where ONNX Runtime is.
+            extra_env={"ORT_DYLIB_PATH": str(model_cache() / "onnxruntime" / "libonnxruntime.so.1.31.1")},
         )
         # Ready when each model answers through the router (the node syncs, hashes and loads it).
         deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
         for alias in self.models:
             while True:
-                r = self.post("/v1/completions", {"model": alias, "prompt": "Hi", "max_tokens": 1})
+                r = self._probe(alias)
                 if r.status_code == 200:
                     break
                 if time.monotonic() > deadline:
@@ -358,6 +365,18 @@ class LlmrCluster(Endpoint):
                     )
                 time.sleep(0.5)
         return self
+
+    def _probe(self, alias: str) -> requests.Response:
+        """The smallest request `alias` answers: a token, a word spoken, or a breath of silence heard."""
+        if alias == "voice":
+            return self.post("/v1/audio/speech", {"model": alias, "input": "Hi.", "voice": "alloy"})
+        if alias == "whisper":
+            silence = io.BytesIO()
+            with wave.open(silence, "wb") as w:
+                w.setnchannels(1), w.setsampwidth(2), w.setframerate(16_000), w.writeframes(b"\x00\x00" * 8_000)
+            return self.post("/v1/audio/transcriptions", data={"model": alias},
+                             files={"file": ("silence.wav", silence.getvalue())})
+        return self.post("/v1/completions", {"model": alias, "prompt": "Hi", "max_tokens": 1})
 
     def stop(self) -> None:
         self.node.stop()
@@ -380,6 +399,14 @@ def server(tmp_path_factory):
 def cluster(tmp_path_factory):
     """`llmr router` and one `llmr node` serving qwen."""
     c = LlmrCluster(tmp_path_factory.mktemp("llmr-cluster"), ["qwen"]).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def speech_cluster(tmp_path_factory):
+    """`llmr router` and one `llmr node` serving whisper and voice, registered by path."""
+    c = LlmrCluster(tmp_path_factory.mktemp("llmr-speech-cluster"), ["whisper", "voice"]).start()
     yield c
     c.stop()
 

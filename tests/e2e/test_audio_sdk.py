@@ -220,3 +220,18 @@ def test_limits_are_413s_naming_the_field(short_audio_server, jfk):
     short = reencoded(jfk, "WAV", "PCM_16")[: 44 + 16_000 * 2 * 3]  # the first 3 s
     r = s.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"file": ("short.wav", short)})
     assert r.status_code == 200 and "fellow" in r.json()["text"].lower(), r.text
+
+
+def test_speech_models_registered_on_a_router_serve_through_its_node(speech_cluster, jfk):
+    """Registered by path (formats ggml and onnx), synced by the node, reached through the router:
+    the multipart upload and the streamed audio pass through the gateway unchanged."""
+    client = speech_cluster.client()
+    assert wer(JFK, client.audio.transcriptions.create(model="whisper", file=("jfk.wav", jfk)).text) == 0
+    audio = client.audio.speech.create(model="voice", voice="alloy", input="Ask not what your country can do for you.",
+                                       response_format="flac").read()
+    assert audio.startswith(b"fLaC")
+    assert wer("ask not what your country can do for you", transcribe(client, audio, name="s.flac").text) <= 0.1
+    # The manifests the node syncs: the formats registration decided from the files.
+    models = speech_cluster.get("/v0/models", headers={"Authorization": f"Bearer {speech_cluster.node_key}"})
+    formats = {m["name"]: m["format"] for m in models.json()["data"]} if models.status_code == 200 else {}
+    assert formats.get("whisper") == "ggml" and formats.get("voice") == "onnx", models.text

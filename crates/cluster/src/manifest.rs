@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 pub enum ModelFormat {
     Gguf,
     Safetensors,
+    /// whisper.cpp's model files (`ggml-*.bin`).
+    Ggml,
+    /// ONNX models (Piper voices: `voice.onnx` with its `voice.onnx.json`).
+    Onnx,
 }
 
 impl ModelFormat {
@@ -15,6 +19,8 @@ impl ModelFormat {
         match self {
             ModelFormat::Gguf => "gguf",
             ModelFormat::Safetensors => "safetensors",
+            ModelFormat::Ggml => "ggml",
+            ModelFormat::Onnx => "onnx",
         }
     }
 
@@ -22,6 +28,8 @@ impl ModelFormat {
         match s {
             "gguf" => Some(ModelFormat::Gguf),
             "safetensors" => Some(ModelFormat::Safetensors),
+            "ggml" => Some(ModelFormat::Ggml),
+            "onnx" => Some(ModelFormat::Onnx),
             _ => None,
         }
     }

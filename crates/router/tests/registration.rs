@@ -364,3 +364,39 @@ async fn a_url_uses_the_announced_sha256_or_streams_the_file_through_sha256() {
         refused(registrar.manifest(&RegisterModel { url: Some(absent), ..RegisterModel::default() }, NOW).await);
     assert_eq!((status, param), (404, "url"));
 }
+
+/// whisper.cpp's repository layout (several `ggml-*.bin`) and Piper's (voices in subfolders with
+/// their configs), with the real Whisper tiny.en and Piper voice from `scripts/fetch-models`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speech_repositories_register_as_ggml_and_onnx_with_their_files() {
+    let whisper = tempfile::tempdir().unwrap();
+    link(&real_model("whisper-tiny.en", "whisper/ggml-tiny.en.bin"), &whisper.path().join("ggml-tiny.en.bin"));
+    write(whisper.path(), "ggml-base.bin", b"lmgg not really");
+    write(whisper.path(), "README.md", b"# whisper.cpp models");
+    let voices = tempfile::tempdir().unwrap();
+    let voice = "en/en_US/joe/medium/en_US-joe-medium.onnx";
+    link(&real_model("piper-joe", "piper-joe/en_US-joe-medium.onnx"), &voices.path().join(voice));
+    link(
+        &real_model("piper-joe", "piper-joe/en_US-joe-medium.onnx.json"),
+        &voices.path().join(format!("{voice}.json")),
+    );
+    let hub = mirror(&[("ggerganov/whisper.cpp", whisper.path()), ("rhasspy/piper-voices", voices.path())]).await;
+
+    // Two whisper models: the repository alone is ambiguous, `file` picks one.
+    let (status, param, _) = refused(register(&hub, &repo("ggerganov/whisper.cpp")).await);
+    assert_eq!((status, param), (400, "file"));
+    let req = RegisterModel { file: Some("ggml-tiny.en.bin".into()), ..repo("ggerganov/whisper.cpp") };
+    let m = register(&hub, &req).await.unwrap();
+    assert_eq!(
+        (m.format, m.primary.as_str(), m.architecture.as_deref()),
+        (ModelFormat::Ggml, "ggml-tiny.en.bin", Some("whisper"))
+    );
+    assert_eq!((m.files.len(), file(&m, "ggml-tiny.en.bin").size), (1, 77_704_698));
+
+    let m = register(&hub, &repo("rhasspy/piper-voices")).await.unwrap();
+    assert_eq!((m.format, m.primary.as_str(), m.architecture.as_deref()), (ModelFormat::Onnx, voice, Some("piper")));
+    assert_eq!(m.files.len(), 2);
+    assert_eq!(file(&m, voice).sha256, "58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06");
+    let req = RegisterModel { format: Some(ModelFormat::Gguf), ..repo("rhasspy/piper-voices") };
+    assert_eq!(refused(register(&hub, &req).await).1, "format");
+}

@@ -13,9 +13,7 @@
 //! the store's own models are the ones without it, so a model deleted at the router (its files
 //! kept) does not come back as a local one.
 
-use llmr_cluster::{
-    check_model_name, check_relative_path, ManifestFile, ModelFormat, ModelManifest, ModelSource, PathProblem,
-};
+use llmr_cluster::{check_model_name, check_relative_path, ManifestFile, ModelManifest, ModelSource, PathProblem};
 use llmr_hub::{is_sha256, partial_path_for, sha256_file, staging_dir, Hub, HubError, Known, Remote, Url};
 use llmr_model_store::{Format, ModelDescriptor, StoreError};
 use serde::{Deserialize, Serialize};
@@ -224,10 +222,7 @@ pub(super) async fn fetch_model(
         ModelDescriptor::from_files(name, &files_dir, &primary, &paths)
     })
     .await??;
-    let expected = match m.format {
-        ModelFormat::Gguf => Format::Gguf,
-        ModelFormat::Safetensors => Format::Safetensors,
-    };
+    let expected = super::sync::store_format(m.format);
     if desc.format != expected {
         return Err(FetchError::Format { manifest: m.format.as_str(), found: desc.format });
     }
@@ -298,6 +293,7 @@ async fn matches_digest(path: &Path, f: &ManifestFile) -> Result<bool, FetchErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llmr_cluster::ModelFormat;
 
     fn manifest(name: &str, path: &str) -> ModelManifest {
         ModelManifest {
@@ -333,6 +329,7 @@ mod tests {
 #[cfg(test)]
 mod fetch_tests {
     use super::*;
+    use llmr_cluster::ModelFormat;
     use llmr_hub_mirror::HubMirror;
     use llmr_testkit::gguf_with_architecture as gguf;
     use std::fs;

@@ -80,10 +80,13 @@ pub(super) struct Syncer<'a> {
     next_retry: Option<Instant>,
 }
 
-fn store_format(format: ModelFormat) -> Format {
+/// The store's name for a manifest's format.
+pub(crate) fn store_format(format: ModelFormat) -> Format {
     match format {
         ModelFormat::Gguf => Format::Gguf,
         ModelFormat::Safetensors => Format::Safetensors,
+        ModelFormat::Ggml => Format::Ggml,
+        ModelFormat::Onnx => Format::Onnx,
     }
 }
 

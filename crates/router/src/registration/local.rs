@@ -53,8 +53,12 @@ pub(super) fn open(path: &str) -> Result<LocalModel, RegisterError> {
         return Ok(LocalModel { dir: path.to_path_buf(), files, file: None, stem: name_of(path) });
     }
     let file_name = name_of(path).ok_or_else(|| bad_path("the file name is not UTF-8"))?;
-    if !is_gguf(&file_name) {
-        return Err(bad_path("a file must be a .gguf model; give the directory of a safetensors model"));
+    // A whisper.cpp model is one file too (`ggml-*.bin`, by its name as on every hub).
+    let whisper = file_name.starts_with("ggml-") && file_name.ends_with(".bin");
+    if !is_gguf(&file_name) && !whisper {
+        return Err(bad_path(
+            "a file must be a .gguf or a whisper.cpp ggml-*.bin model; give the directory of a safetensors model or a Piper voice",
+        ));
     }
     let dir = path.parent().ok_or_else(|| bad_path("has no parent directory"))?.to_path_buf();
     let mut names = vec![file_name.clone()];
@@ -66,7 +70,7 @@ pub(super) fn open(path: &str) -> Result<LocalModel, RegisterError> {
         let size = std::fs::metadata(dir.join(&name)).map_err(|e| io_error(&dir.join(&name), e))?.len();
         files.push(ListedFile { path: name, size: Some(size), sha256: None });
     }
-    let stem = file_name[..file_name.len() - ".gguf".len()].to_string();
+    let stem = file_name.rsplit_once('.').map_or(file_name.as_str(), |(stem, _)| stem).to_string();
     Ok(LocalModel { dir, files, file: Some(file_name), stem: Some(stem) })
 }
 

@@ -17,6 +17,7 @@ mod error;
 mod gguf_head;
 mod local;
 mod rules;
+mod speech_rules;
 mod url;
 
 pub use error::RegisterError;
@@ -193,6 +194,13 @@ impl Registrar {
                 let (architecture, dtype) = config_facts(&contents[CONFIG], wanted.param)?;
                 GgufFacts { architecture, quantization: dtype, has_chat_template: tokenizer_template }
             }
+            // A speech model's architecture follows from its format; its file is checked when a
+            // node loads it.
+            ModelFormat::Ggml | ModelFormat::Onnx => GgufFacts {
+                architecture: speech_rules::architecture(plan.format).map(str::to_string),
+                quantization: None,
+                has_chat_template: false,
+            },
         };
         Ok(ModelManifest {
             name,

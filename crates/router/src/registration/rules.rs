@@ -2,7 +2,7 @@
 //! `file`/`quantization` (the rules `llmr pull` shares, `llmr_hub::choose_gguf`), and spec 003's
 //! safetensors rules.
 
-use super::RegisterError;
+use super::{speech_rules, RegisterError};
 use llmr_cluster::ModelFormat;
 use llmr_hub::{base_name, choose_gguf, gguf_models, is_gguf_model, GgufChoiceError, PREFERRED_QUANTIZATIONS};
 use llmr_model_store::{split_part, split_part_name};
@@ -53,6 +53,15 @@ fn safetensors_weights(files: &[String]) -> Vec<&str> {
 /// added later by [`add_shards`], once the index is read.
 pub(super) fn plan(files: &[String], wanted: &Wanted) -> Result<Plan, RegisterError> {
     let (ggufs, safetensors) = (gguf_models(files), safetensors_weights(files));
+    if let Some(format @ (ModelFormat::Ggml | ModelFormat::Onnx)) = wanted.format {
+        return speech_rules::plan(format, files, wanted);
+    }
+    // Speech models are chosen only where there is no LLM's weights to mistake them for.
+    if let (None, true, true, Some(format)) =
+        (wanted.format, ggufs.is_empty(), safetensors.is_empty(), speech_rules::speech_format(files))
+    {
+        return speech_rules::plan(format, files, wanted);
+    }
     let format = match (wanted.format, ggufs.is_empty(), safetensors.is_empty()) {
         (Some(ModelFormat::Gguf), true, _) => {
             return Err(RegisterError::invalid(
@@ -83,11 +92,15 @@ pub(super) fn plan(files: &[String], wanted: &Wanted) -> Result<Plan, RegisterEr
         (None, true, true) => {
             return Err(RegisterError::invalid(
                 wanted.param,
-                format!("the {} has no GGUF (*.gguf) or safetensors (*.safetensors) weights", noun(wanted.param)),
+                format!(
+                    "the {} has no GGUF (*.gguf), safetensors (*.safetensors), whisper.cpp (ggml-*.bin) or Piper (*.onnx) model",
+                    noun(wanted.param)
+                ),
             ));
         }
     };
     match format {
+        ModelFormat::Ggml | ModelFormat::Onnx => speech_rules::plan(format, files, wanted),
         ModelFormat::Gguf => gguf_plan(files, wanted),
         ModelFormat::Safetensors => {
             for (param, given) in [("file", wanted.file.is_some()), ("quantization", wanted.quantization.is_some())] {
