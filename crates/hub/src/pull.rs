@@ -1,4 +1,5 @@
-//! `llmr pull`: a GGUF model from a Hugging Face compatible hub into the local store.
+//! `llmr pull`: a GGUF model (or a speech model: a whisper.cpp `ggml-*.bin`, a Piper `.onnx`
+//! voice with its config) from a Hugging Face compatible hub into the local store.
 //!
 //! `owner/repo[:QUANT]` chooses a file from the repository's listing (pinned to its commit);
 //! `owner/repo/path/file.gguf` names one. The download ([`Hub::download`]) goes to a hidden
@@ -73,7 +74,7 @@ pub enum PullError {
     Name(#[from] NameError),
     #[error("expected 'owner/repo', 'owner/repo:QUANT' or 'owner/repo/path/file.gguf', got {spec:?}")]
     NotOwnerRepo { spec: String },
-    #[error("{file:?} is not a single-file GGUF model (split parts and projectors cannot be pulled)")]
+    #[error("{file:?} is not a single-file GGUF model (split parts and projectors cannot be pulled), a whisper.cpp ggml-*.bin or a Piper .onnx voice")]
     NotGguf { file: String },
     #[error("model '{repo}' has no GGUF file")]
     NoGguf { repo: String },
@@ -153,11 +154,34 @@ impl Hub {
             remove_empty_dirs(store, &staging).await;
             return Err(error.into());
         }
-        let (owned, name_s, path) = (store.clone(), name.to_string(), verified.clone());
-        let imported = in_store(move || owned.import_file(&name_s, &path)).await;
+        // A speech model's companions (a voice's config) are verified beside it before import.
+        let mut companions = Vec::new();
+        for path in select::companions(&remote.path) {
+            let dest = staging.join(base_name(&path));
+            let (file, known) = remote.file(self, &path);
+            if let Err(error) = self.download(&file, &partial_path(&dest), &dest, &known, |_, _| {}).await {
+                let _ = fs::remove_file(&verified).await;
+                return Err(error.into());
+            }
+            companions.push(dest);
+        }
+        let (owned, name_s, path, extra) = (store.clone(), name.to_string(), verified.clone(), companions.clone());
+        let imported = if select::speech_file(&remote.path) {
+            in_store(move || owned.import_speech_files(&name_s, &path, &extra)).await
+        } else {
+            in_store(move || owned.import_file(&name_s, &path)).await
+        };
         let _ = fs::remove_file(&verified).await;
+        for c in &companions {
+            let _ = fs::remove_file(c).await;
+        }
         let descriptor = imported?;
-        let extras = self.fetch_extras(remote, &dir, &staging).await;
+        // An LLM's configs can carry its chat template; a speech model has no use for them.
+        let extras = if select::speech_file(&remote.path) {
+            Vec::new()
+        } else {
+            self.fetch_extras(remote, &dir, &staging).await
+        };
         // Only removed when empty: a concurrent pull may be using it.
         let _ = fs::remove_dir(&staging).await;
         Ok(Pulled { descriptor, already_present: false, extras })

@@ -1,7 +1,7 @@
 //! Adding a GGUF file to the store, atomically: the file appears in the model directory complete
 //! or not at all, so a concurrent `list`/`resolve` (or a crash) never sees half a model.
 
-use crate::descriptor::ModelDescriptor;
+use crate::descriptor::{Format, ModelDescriptor};
 use crate::error::StoreError;
 use crate::gguf::GgufHeader;
 use crate::layout::{self, GgufFiles};
@@ -86,6 +86,43 @@ impl ModelStore {
 }
 
 impl ModelStore {
+    /// Places a speech model in the directory of `name`: a whisper.cpp file, or a Piper voice
+    /// (`voice.onnx`) whose config (`voice.onnx.json`) is given in `companions`. Companions are
+    /// placed first, the model file last, so a scan never sees a voice without its config. The
+    /// directory must hold no model yet: a speech model is alone in its directory.
+    pub fn import_speech_files(
+        &self,
+        name: &str,
+        source: &Path,
+        companions: &[PathBuf],
+    ) -> Result<ModelDescriptor, StoreError> {
+        let model_ref = ModelRef::parse(name)?;
+        if model_ref.quantization.is_some() {
+            return Err(StoreError::TagOnNonGguf { name: model_ref.name.to_string(), format: Format::Ggml });
+        }
+        let file_name = source
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| !n.starts_with('.'))
+            .ok_or_else(|| StoreError::NotSpeechModel { path: source.to_path_buf() })?;
+        let dir = self.model_dir(&model_ref.name);
+        self.check_namespace(&model_ref, &dir)?;
+        if layout::read_dir(&dir).is_ok_and(|l| l.has_model_files()) {
+            return Err(StoreError::AlreadyExists { path: dir });
+        }
+        fs::create_dir_all(&dir).map_err(StoreError::io(&dir))?;
+        for companion in companions {
+            let companion_name =
+                companion.file_name().ok_or_else(|| StoreError::NotSpeechModel { path: companion.clone() })?;
+            place(companion, &dir.join(companion_name))?;
+        }
+        let dest = dir.join(file_name);
+        // Described before it is published: a file that is no speech model never appears.
+        ModelDescriptor::from_speech_file(model_ref.name.to_string(), source)?;
+        place(source, &dest)?;
+        ModelDescriptor::from_speech_file(model_ref.name.to_string(), &dest)
+    }
+
     /// `org` and `org/model` cannot both be models: `list` reads a directory with model files as
     /// a model and would hide the models under it.
     fn check_namespace(&self, model_ref: &ModelRef, dir: &Path) -> Result<(), StoreError> {

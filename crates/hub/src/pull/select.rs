@@ -39,13 +39,36 @@ fn check_remote_path(repo: &str, path: &str) -> Result<(), PullError> {
     })
 }
 
-/// A file the store can import: a visible, single-file, non-projector `.gguf`.
+/// A file the store can import: a visible, single-file, non-projector `.gguf`, or a speech
+/// model (a whisper.cpp `ggml-*.bin`, a Piper `.onnx` voice).
 fn check_model_file(path: &str) -> Result<(), PullError> {
     let name = base_name(path);
-    if !is_gguf(name) || name.starts_with('.') || is_mmproj(name) || split_part(name).is_some() {
+    if name.starts_with('.') {
+        return Err(PullError::NotGguf { file: path.to_string() });
+    }
+    if speech_file(path) {
+        return Ok(());
+    }
+    if !is_gguf(name) || is_mmproj(name) || split_part(name).is_some() {
         return Err(PullError::NotGguf { file: path.to_string() });
     }
     Ok(())
+}
+
+/// A whisper.cpp model (named `ggml-*.bin`, as whisper.cpp's repository names them) or a Piper
+/// voice (`.onnx`).
+pub(super) fn speech_file(path: &str) -> bool {
+    let name = base_name(path).to_ascii_lowercase();
+    (name.starts_with("ggml-") && name.ends_with(".bin")) || name.ends_with(".onnx")
+}
+
+/// The files a model file needs beside it: a Piper voice's config.
+pub(super) fn companions(path: &str) -> Vec<String> {
+    if base_name(path).to_ascii_lowercase().ends_with(".onnx") {
+        vec![format!("{path}.json")]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Chooses the file to pull from a repository's listing.
@@ -64,6 +87,10 @@ pub(super) fn select_file(
             }
             check_remote_path(repo.as_str(), path)?;
             check_model_file(path)?;
+            if let Some(missing) = companions(path).into_iter().find(|c| !siblings.contains(c)) {
+                let endpoint = endpoint.to_string();
+                return Err(HubError::FileNotFound { repo: repo_s, file: missing, endpoint }.into());
+            }
             return Ok(path.clone());
         }
         FileChoice::Quantization(tag) => Some(tag.as_str()),

@@ -457,3 +457,49 @@ async fn locates_and_pulls_through_the_hub_mirror_at_the_listed_commit() {
     let file = format!("/{REPO}/resolve/{commit}/small/tiny-Q8_0.gguf");
     assert!(log.iter().any(|r| r.path == file), "downloaded at the listed commit: {log:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speech_models_are_pulled_with_what_they_need_beside_them() {
+    use llmr_hub_mirror::real_model;
+    use llmr_model_store::Format;
+    let voices = tempfile::tempdir().unwrap();
+    let voice = "en/en_US/joe/medium/en_US-joe-medium.onnx";
+    link(&real_model("piper-joe", "piper-joe/en_US-joe-medium.onnx"), &voices.path().join(voice));
+    link(
+        &real_model("piper-joe", "piper-joe/en_US-joe-medium.onnx.json"),
+        &voices.path().join(format!("{voice}.json")),
+    );
+    std::fs::write(voices.path().join("lonely.onnx"), b"no config").unwrap();
+    let whisper = tempfile::tempdir().unwrap();
+    link(&real_model("whisper-tiny.en", "whisper/ggml-tiny.en.bin"), &whisper.path().join("ggml-tiny.en.bin"));
+    std::fs::write(whisper.path().join("config.json"), b"{}").unwrap();
+    let hub = HubMirror::start(vec![
+        ("rhasspy/piper-voices".into(), voices.path().into()),
+        ("ggerganov/whisper.cpp".into(), whisper.path().into()),
+    ])
+    .await
+    .unwrap();
+    let client = Hub::new(&hub.endpoint(), None).unwrap();
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = ModelStore::open(store_dir.path()).unwrap();
+
+    let remote = client.locate(&PullSpec::parse(&format!("rhasspy/piper-voices/{voice}")).unwrap()).await.unwrap();
+    let pulled = client.pull(&store, &remote, &ModelName::parse("joe").unwrap(), |_, _| {}).await.unwrap();
+    assert_eq!((pulled.descriptor.format, pulled.descriptor.architecture.as_str()), (Format::Onnx, "piper"));
+    assert_eq!(
+        entries(&store.model_dir(&ModelName::parse("joe").unwrap())),
+        ["en_US-joe-medium.onnx", "en_US-joe-medium.onnx.json"]
+    );
+    // A voice whose config the repository lacks cannot be served, so it is not pulled.
+    let lonely = PullSpec::parse("rhasspy/piper-voices/lonely.onnx").unwrap();
+    assert!(matches!(client.locate(&lonely).await, Err(PullError::Hub(HubError::FileNotFound { .. }))));
+
+    let remote = client.locate(&PullSpec::parse("ggerganov/whisper.cpp/ggml-tiny.en.bin").unwrap()).await.unwrap();
+    let name = ModelName::parse("whisper-1").unwrap();
+    let pulled = client.pull(&store, &remote, &name, |_, _| {}).await.unwrap();
+    assert_eq!((pulled.descriptor.format, pulled.descriptor.architecture.as_str()), (Format::Ggml, "whisper"));
+    assert!(pulled.extras.is_empty(), "a speech model takes no LLM configs: {:?}", pulled.extras);
+    assert_eq!(store.resolve("whisper-1").unwrap().size_bytes, 77_704_698);
+    // Pulled again: already there, nothing downloaded.
+    assert!(client.pull(&store, &remote, &name, |_, _| {}).await.unwrap().already_present);
+}
