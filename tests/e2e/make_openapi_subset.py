@@ -42,6 +42,12 @@ ROOTS = [
     "Response",
     "ResponseStreamEvent",
     "ResponseItemList",
+    "CreateTranscriptionResponseJson",
+    "CreateTranscriptionResponseVerboseJson",
+    "TranscriptTextDeltaEvent",
+    "TranscriptTextDoneEvent",
+    "SpeechAudioDeltaEvent",
+    "SpeechAudioDoneEvent",
 ]
 REF_PREFIX = "#/components/schemas/"
 

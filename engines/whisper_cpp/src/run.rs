@@ -79,9 +79,12 @@ pub fn transcribe(
     let mut params = FullParams::new(strategy);
     params.set_n_threads(threads as i32);
     params.set_translate(request.translate);
-    // An English-only model is always told English: "auto" would run language detection on it.
-    let language = request.language.or((!model.multilingual).then_some("en"));
-    params.set_language(language);
+    // whisper.cpp's default language is English, which an English-only model always gets
+    // ("auto" would run language detection on it). whisper-rs leaks the few bytes of a language
+    // it is given, so only a multilingual model's requests set one (NULL: detect).
+    if model.multilingual {
+        params.set_language(request.language);
+    }
     if let Some(prompt) = request.prompt.filter(|p| !p.is_empty()) {
         params.set_initial_prompt(prompt);
     }
@@ -131,6 +134,11 @@ unsafe extern "C" fn on_new_segments(
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let total = sys::whisper_full_n_segments_from_state(state);
         for i in (total - n_new).max(0)..total {
+            // A cancel from another thread stops the rest of this batch too (a 30 s window
+            // finishes several segments at once).
+            if run.cancel.load(Ordering::Relaxed) {
+                return;
+            }
             let read = read_segment(ctx, state, i, run.words);
             let segment = Segment {
                 start_ms: read.start_ms,

@@ -164,25 +164,30 @@ fn the_host_cancels_between_segments_and_from_another_thread() {
         .unwrap_err();
     assert_eq!((e.status, seen), (EngineStatus::Cancelled, 1), "{}", e.message);
 
-    // A cancel by request id, as the node sends when a client leaves, sent once the first
-    // segment is out: whisper.cpp stops at its next abort check, long before the fifth copy.
+    // A cancel by request id, as the node sends when a client leaves, sent while the host holds
+    // the first segment: whisper.cpp hands over nothing more and stops at its next abort check.
     let (first_tx, first_rx) = std::sync::mpsc::channel();
+    let (cancelled_tx, cancelled_rx) = std::sync::mpsc::channel::<()>();
     let (outcome, heard) = std::thread::scope(|scope| {
         let run = scope.spawn(move || {
             let mut heard = 0;
             let outcome = engine().transcribe(&TranscribeParams { request_id: 8, ..params(&long) }, |_| {
                 heard += 1;
-                let _ = first_tx.send(());
+                if heard == 1 {
+                    first_tx.send(()).unwrap();
+                    cancelled_rx.recv().unwrap();
+                }
                 true
             });
             (outcome, heard)
         });
         first_rx.recv().unwrap();
         engine().cancel(8).unwrap();
+        cancelled_tx.send(()).unwrap();
         run.join().unwrap()
     });
     assert_eq!(outcome.unwrap_err().status, EngineStatus::Cancelled);
-    assert!(heard < 5, "{heard} segments heard after the cancel");
+    assert_eq!(heard, 1, "segments heard after the cancel");
     // The engine serves the next request as usual.
     assert_eq!(normalized(&text(&transcribe(&params(jfk())).unwrap())), JFK);
 }

@@ -15,7 +15,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use llmr_engine_host::{Capability, Segment, TranscribeParams};
 use llmr_openai::audio::{
-    render, DurationUsage, Form, HeardSegment, TranscriptEvent, TranscriptionRequest, TranscriptionWord,
+    render, Form, HeardSegment, TokenUsage, TranscriptEvent, TranscriptionRequest, TranscriptionWord,
 };
 use llmr_openai::ApiError;
 use llmr_telemetry::RequestId;
@@ -211,20 +211,22 @@ async fn collect(
 
 /// `transcript.text.delta` per segment as it is heard, then `transcript.text.done`.
 fn stream(rx: mpsc::UnboundedReceiver<Segment>, job: Job, guard: CancelOnDrop, duration: f64) -> Response {
-    let events = futures_util::stream::unfold(Some((rx, job, guard, String::new())), move |running| async move {
-        let (mut rx, job, guard, mut text) = running?;
+    let start = (rx, job, guard, String::new(), 0u64);
+    let events = futures_util::stream::unfold(Some(start), move |running| async move {
+        let (mut rx, job, guard, mut text, mut tokens) = running?;
         match rx.recv().await {
             Some(s) => {
                 let delta = if text.is_empty() { s.text.trim_start().to_owned() } else { s.text };
                 text.push_str(&delta);
+                tokens += s.tokens.len() as u64;
                 let event = llmr_openai::sse::event(&TranscriptEvent::Delta { delta });
-                Some((event, Some((rx, job, guard, text))))
+                Some((event, Some((rx, job, guard, text, tokens))))
             }
             None => {
                 let event = match finish(job, guard).await {
                     Ok(()) => llmr_openai::sse::event(&TranscriptEvent::Done {
                         text: text.trim().to_owned(),
-                        usage: DurationUsage::new(duration),
+                        usage: TokenUsage::new(duration, tokens),
                     }),
                     Err(e) => llmr_openai::sse::error_event(&e),
                 };

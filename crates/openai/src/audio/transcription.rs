@@ -200,6 +200,41 @@ pub struct VerboseTranscription {
     pub usage: DurationUsage,
 }
 
+/// The usage of a streamed transcription, in tokens as OpenAI's stream reports it: the audio's
+/// are the encoder positions Whisper gave it (50 a second), the prompt's its text tokens, the
+/// output the transcript's tokens.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenUsage {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub input_tokens: u64,
+    pub input_token_details: InputTokenDetails,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct InputTokenDetails {
+    pub text_tokens: u64,
+    pub audio_tokens: u64,
+}
+
+impl TokenUsage {
+    /// Whisper's encoder takes 100 mel frames a second and halves them: 50 positions a second.
+    pub const AUDIO_TOKENS_PER_SECOND: f64 = 50.0;
+
+    pub fn new(duration: f64, output_tokens: u64) -> Self {
+        let audio_tokens = (duration * Self::AUDIO_TOKENS_PER_SECOND).round() as u64;
+        TokenUsage {
+            kind: "tokens",
+            input_tokens: audio_tokens,
+            input_token_details: InputTokenDetails { text_tokens: 0, audio_tokens },
+            output_tokens,
+            total_tokens: audio_tokens + output_tokens,
+        }
+    }
+}
+
 /// `transcript.text.delta` / `transcript.text.done`.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type")]
@@ -207,7 +242,7 @@ pub enum TranscriptEvent {
     #[serde(rename = "transcript.text.delta")]
     Delta { delta: String },
     #[serde(rename = "transcript.text.done")]
-    Done { text: String, usage: DurationUsage },
+    Done { text: String, usage: TokenUsage },
 }
 
 /// The whole text: segments joined as Whisper writes them (each begins with its own space).
