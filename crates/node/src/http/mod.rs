@@ -4,6 +4,7 @@
 //! encoder; every error becomes an `ApiError` through the one mapping in `error.rs`.
 
 mod audio_error;
+mod cancel_guard;
 mod chat;
 mod completions;
 mod embeddings;

@@ -2,6 +2,7 @@
 //! streamed, as raw audio in the asked format or as SSE events carrying it in base64.
 
 use super::audio_error::audio_error;
+use super::cancel_guard::CancelOnDrop;
 use super::pipeline::{self, record_model};
 use super::{sse, SharedState};
 use crate::error::NodeError;
@@ -19,7 +20,6 @@ use llmr_openai::audio::{SpeechEvent, SpeechRequest, SpeechUsage, StreamFormat};
 use llmr_openai::ApiError;
 use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 const ENDPOINT: &str = "speech";
@@ -62,7 +62,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 .synthesize(&params, &mut |samples, rate| tx.send(Chunk::Audio(samples.to_vec(), rate)).is_ok());
             let _ = tx.send(Chunk::Done(outcome));
         });
-        let guard = CancelOnDrop { model: model.clone(), request_id, armed: true };
+        let guard = CancelOnDrop::new(model.clone(), request_id);
         // The status is decided by the first chunk: an engine that fails before speaking gets
         // its error answered properly; after that the audio is already on its way.
         let (first, rate) = match rx.recv().await {
@@ -102,20 +102,6 @@ fn voice(model: &LoadedModel, asked: Option<&str>) -> Result<Option<String>, Api
     }
 }
 
-struct CancelOnDrop {
-    model: Arc<LoadedModel>,
-    request_id: u64,
-    armed: bool,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            self.model.engine.cancel(self.request_id);
-        }
-    }
-}
-
 /// The engine's chunks, encoded as they come.
 struct Encoded {
     rx: mpsc::UnboundedReceiver<Chunk>,
@@ -135,9 +121,9 @@ impl Encoded {
                 None => match self.rx.recv().await {
                     Some(Chunk::Audio(s, _)) => s,
                     Some(Chunk::Done(outcome)) => {
-                        self.guard.armed = false;
+                        self.guard.disarm();
                         if let Err(e) = outcome {
-                            tracing::warn!(model = %self.guard.model.name, "speech failed mid-stream: {}", e.message);
+                            tracing::warn!(model = %self.guard.model().name, "speech failed mid-stream: {}", e.message);
                         }
                         let tail = self.encoder.take()?.finish();
                         return tail.map_err(|e| tracing::warn!("speech encoding failed: {e}")).ok();

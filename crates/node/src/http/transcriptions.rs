@@ -3,6 +3,7 @@
 //! the format asked for or streamed segment by segment.
 
 use super::audio_error::{audio_error, upload_error};
+use super::cancel_guard::CancelOnDrop;
 use super::pipeline::{self, record_model};
 use super::{sse, SharedState};
 use crate::error::NodeError;
@@ -20,7 +21,6 @@ use llmr_openai::audio::{
 use llmr_openai::ApiError;
 use llmr_telemetry::RequestId;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Transcription request ids live in their own range, apart from generations' and embeddings'.
@@ -84,7 +84,7 @@ async fn handle(
             // A receiver gone (the client left) cancels the engine at its next segment.
             worker.engine.transcribe(&p, &mut |segment| tx.send(segment).is_ok())
         });
-        let guard = CancelOnDrop { model: model.clone(), request_id, armed: true };
+        let guard = CancelOnDrop::new(model.clone(), request_id);
         if req.stream {
             return Ok(stream(rx, job, guard, duration));
         }
@@ -153,21 +153,6 @@ impl Params {
     }
 }
 
-/// Cancels the engine's work when the request is dropped before it finished (the client left).
-struct CancelOnDrop {
-    model: Arc<LoadedModel>,
-    request_id: u64,
-    armed: bool,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            self.model.engine.cancel(self.request_id);
-        }
-    }
-}
-
 type Job = tokio::task::JoinHandle<Result<(), llmr_engine_host::CallError>>;
 
 fn heard(s: Segment) -> HeardSegment {
@@ -190,7 +175,7 @@ fn heard(s: Segment) -> HeardSegment {
 
 async fn finish(job: Job, mut guard: CancelOnDrop) -> Result<(), ApiError> {
     let outcome = job.await.map_err(|e| ApiError::server(format!("transcription panicked: {e}")))?;
-    guard.armed = false;
+    guard.disarm();
     outcome.map_err(|e| pipeline::Blame(Some("file")).error(NodeError::Engine(e)))
 }
 
