@@ -458,7 +458,7 @@ def test_models_list_and_retrieve(client):
     body = json.loads(raw.content)
     openapi.validate("ListModelsResponse", body)
     ids = {m.id for m in raw.parse()}
-    assert ids == {"smollm2", "qwen", "minilm"}
+    assert ids == {"smollm2", "qwen", "minilm", "whisper", "voice"}
     for model_id in sorted(ids):
         raw = client.models.with_raw_response.retrieve(model_id)
         one = json.loads(raw.content)
