@@ -24,6 +24,16 @@ impl ModelFormat {
         }
     }
 
+    /// What a model of this format serves, where the format alone says it: speech formats. Text
+    /// formats hold chat, embedding and vision models alike (the node reads which).
+    pub fn speech_capability(self) -> Option<&'static str> {
+        match self {
+            ModelFormat::Ggml => Some("asr"),
+            ModelFormat::Onnx => Some("tts"),
+            ModelFormat::Gguf | ModelFormat::Safetensors => None,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "gguf" => Some(ModelFormat::Gguf),

@@ -60,6 +60,11 @@ pub struct ModelStatus {
     /// Loaded in memory now (the router prefers such nodes).
     #[serde(default)]
     pub loaded: bool,
+    /// What the model serves (`text`, `embedding`, `vision`, `asr`, `tts`), once the node has
+    /// its files: the router lists them in `/v1/models`. Strings, so that a router keeps a name
+    /// a newer node knows and it does not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

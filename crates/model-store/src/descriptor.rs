@@ -222,6 +222,11 @@ impl ModelDescriptor {
     pub fn has(&self, capability: Capability) -> bool {
         self.capabilities.contains(&capability)
     }
+
+    /// `capabilities` as the wire names them (`/v1/models`, heartbeats).
+    pub fn capability_names(&self) -> Vec<String> {
+        self.capabilities.iter().map(|c| c.as_str().to_string()).collect()
+    }
 }
 
 #[cfg(test)]

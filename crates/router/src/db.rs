@@ -387,10 +387,10 @@ impl Db {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn manifest(name: &str) -> ModelManifest {
+    pub(crate) fn manifest(name: &str) -> ModelManifest {
         ModelManifest {
             name: name.into(),
             format: ModelFormat::Gguf,

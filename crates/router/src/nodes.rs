@@ -7,7 +7,7 @@
 //! keeps what is true now and is rebuilt from heartbeats after a router restart.
 
 use llmr_cluster::{Heartbeat, ModelState, ModelStatus, NodeLoad, NodeRegistration};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -152,14 +152,22 @@ impl NodeTable {
 
     /// Models some node reports ready (healthy or not), for `/v1/models` and model lookup.
     pub fn reported_models(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .all()
-            .iter()
-            .flat_map(|n| n.models().into_iter().filter(|m| m.state == ModelState::Ready).map(|m| m.name))
-            .collect();
-        names.sort();
-        names.dedup();
-        names
+        self.reported_capabilities().into_keys().collect()
+    }
+
+    /// Models some node reports ready, each with what the nodes say it serves (all of it: nodes
+    /// running different builds may know different capabilities of one model), sorted by name.
+    pub fn reported_capabilities(&self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for status in self.all().iter().flat_map(|n| n.models()).filter(|m| m.state == ModelState::Ready) {
+            let capabilities = out.entry(status.name).or_default();
+            for c in status.capabilities {
+                if !capabilities.contains(&c) {
+                    capabilities.push(c);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -185,7 +193,13 @@ pub(crate) mod tests {
             load: NodeLoad::default(),
             models: models
                 .iter()
-                .map(|(n, s, l)| ModelStatus { name: n.to_string(), state: *s, message: None, loaded: *l })
+                .map(|(n, s, l)| ModelStatus {
+                    name: n.to_string(),
+                    state: *s,
+                    message: None,
+                    loaded: *l,
+                    capabilities: vec![],
+                })
                 .collect(),
             gpus: vec![],
         }

@@ -81,14 +81,24 @@ impl RouterState {
     }
 
     /// Models a client can ask for: registered ones and those some node serves from its own store.
+    /// Each with what it serves: as the nodes serving it report it, else what a speech format
+    /// says alone (a text format's capabilities wait for a node to read its files).
     pub fn model_objects(&self) -> Vec<ModelObject> {
-        let mut out: Vec<ModelObject> =
-            self.registered().iter().map(|m| ModelObject::new(m.name.clone(), m.registered_at)).collect();
-        for name in self.nodes.reported_models() {
-            if !out.iter().any(|m| m.id == name) {
-                out.push(ModelObject::new(name, self.started_unix));
-            }
-        }
+        let mut reported = self.nodes.reported_capabilities();
+        let mut out: Vec<ModelObject> = self
+            .registered()
+            .iter()
+            .map(|m| {
+                let capabilities = match reported.remove(&m.name) {
+                    Some(c) if !c.is_empty() => c,
+                    _ => m.format.speech_capability().map(|c| vec![c.to_string()]).unwrap_or_default(),
+                };
+                ModelObject::new(m.name.clone(), m.registered_at).with_capabilities(capabilities)
+            })
+            .collect();
+        out.extend(
+            reported.into_iter().map(|(name, c)| ModelObject::new(name, self.started_unix).with_capabilities(c)),
+        );
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
@@ -110,4 +120,46 @@ impl RouterState {
 
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::tests::manifest;
+    use crate::nodes::tests::{heartbeat, registration};
+    use llmr_cluster::{ModelFormat, ModelState};
+
+    fn capabilities(state: &RouterState) -> Vec<(String, Vec<String>)> {
+        state.model_objects().into_iter().map(|m| (m.id, m.capabilities)).collect()
+    }
+
+    #[test]
+    fn listed_models_carry_what_their_nodes_report_they_serve_else_what_a_speech_format_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = RouterState::open(RouterConfig::new(dir.path().join("router.db"))).unwrap();
+        state.db.insert_model(&manifest("chat")).unwrap();
+        state.db.insert_model(&ModelManifest { format: ModelFormat::Ggml, ..manifest("whisper") }).unwrap();
+        state.models_changed().unwrap();
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // No node yet: a speech format says what it serves, a GGUF could be chat or embeddings.
+        assert_eq!(capabilities(&state), [("chat".to_string(), vec![]), ("whisper".to_string(), strings(&["asr"]))]);
+        // Two nodes, one reporting vision besides text for the same model, one a model of its own.
+        state.nodes.register("a", registration("a"));
+        state.nodes.register("b", registration("b"));
+        let mut a = heartbeat(&[("chat", ModelState::Ready, true), ("own", ModelState::Ready, false)]);
+        a.models[0].capabilities = strings(&["text"]);
+        a.models[1].capabilities = strings(&["embedding"]);
+        let mut b = heartbeat(&[("chat", ModelState::Ready, false), ("whisper", ModelState::Failed, false)]);
+        b.models[0].capabilities = strings(&["text", "vision"]);
+        b.models[1].capabilities = strings(&["tts"]); // not ready: not believed
+        assert!(state.nodes.heartbeat("a", a) && state.nodes.heartbeat("b", b));
+        assert_eq!(
+            capabilities(&state),
+            [
+                ("chat".to_string(), strings(&["text", "vision"])),
+                ("own".to_string(), strings(&["embedding"])),
+                ("whisper".to_string(), strings(&["asr"])),
+            ]
+        );
+    }
 }

@@ -111,7 +111,13 @@ fn registration(name: &str, url: &str, gpus: bool) -> NodeRegistration {
 fn ready(model: &str) -> Heartbeat {
     Heartbeat {
         load: NodeLoad::default(),
-        models: vec![ModelStatus { name: model.into(), state: ModelState::Ready, message: None, loaded: true }],
+        models: vec![ModelStatus {
+            name: model.into(),
+            state: ModelState::Ready,
+            message: None,
+            loaded: true,
+            capabilities: vec!["text".into()],
+        }],
         gpus: vec![],
     }
 }
@@ -279,6 +285,7 @@ async fn requests_are_validated_before_any_node_and_unknown_models_are_404() {
     let models: Value =
         h.http.get(format!("{}/v1/models", h.base)).bearer_auth(&h.api).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "m");
+    assert_eq!(models["data"][0]["capabilities"], json!(["text"]), "as the node reported it");
 }
 
 #[tokio::test]

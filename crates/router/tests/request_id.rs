@@ -119,7 +119,13 @@ async fn join(base: &str, name: &str, url: &str, model: &str) {
     let id = r.json::<NodeRegistered>().await.unwrap().node_id;
     let heartbeat = Heartbeat {
         load: NodeLoad::default(),
-        models: vec![ModelStatus { name: model.into(), state: ModelState::Ready, message: None, loaded: true }],
+        models: vec![ModelStatus {
+            name: model.into(),
+            state: ModelState::Ready,
+            message: None,
+            loaded: true,
+            capabilities: vec![],
+        }],
         gpus: vec![],
     };
     let r = http.post(format!("{base}/v0/nodes/{id}/heartbeat")).json(&heartbeat).send().await.unwrap();

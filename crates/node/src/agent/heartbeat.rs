@@ -7,7 +7,7 @@ use super::register::{CallError, RouterClient};
 use super::sync::Report;
 use super::{AgentError, Backoff};
 use crate::models::ModelManager;
-use llmr_cluster::{Heartbeat, NodeLoad, NodeRegistered, NodeRegistration};
+use llmr_cluster::{Heartbeat, ModelState, NodeLoad, NodeRegistered, NodeRegistration};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +91,10 @@ impl Heartbeats<'_> {
             .map(|r| {
                 let mut status = r.status.clone();
                 status.loaded = loaded.contains(status.name.as_str());
+                if status.state == ModelState::Ready {
+                    status.capabilities =
+                        self.models.entry(&status.name).map(|e| e.desc.capability_names()).unwrap_or_default();
+                }
                 if let Some(p) = &r.progress {
                     status.message = Some(p.describe());
                 }

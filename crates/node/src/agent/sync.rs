@@ -45,7 +45,7 @@ impl Settled {
             Settled::Unsupported(m) => (ModelState::Unsupported, Some(m.clone())),
             Settled::Failed(m) => (ModelState::Failed, Some(m.clone())),
         };
-        ModelStatus { name: name.to_string(), state, message, loaded: false }
+        ModelStatus { name: name.to_string(), state, message, loaded: false, capabilities: Vec::new() }
     }
 }
 
@@ -290,6 +290,7 @@ impl<'a> Syncer<'a> {
                         state: ModelState::Downloading,
                         message: None,
                         loaded: false,
+                        capabilities: Vec::new(),
                     },
                     progress: Some(f.progress.clone()),
                 },
@@ -300,6 +301,7 @@ impl<'a> Syncer<'a> {
                         state: ModelState::Downloading,
                         message: None,
                         loaded: false,
+                        capabilities: Vec::new(),
                     },
                     progress: None,
                 },

@@ -317,8 +317,12 @@ async fn api_keys_guard_v1_and_nothing_else() {
         Request::get("/v1/models").header(header::AUTHORIZATION, "Bearer secret").body(Body::empty()).unwrap();
     let list: Value = body_json(call(&n, authorized).await).await;
     assert_eq!(list["data"][0]["id"], "echo-keys");
+    // What the model serves, read from its files (a GGUF of a causal architecture: text).
+    assert_eq!(list["data"][0]["capabilities"], json!(["text"]));
     let by_header = Request::get("/v1/models/echo-keys").header("x-api-key", "secret").body(Body::empty()).unwrap();
-    assert_eq!(call(&n, by_header).await.status(), StatusCode::OK);
+    let one = call(&n, by_header).await;
+    assert_eq!(one.status(), StatusCode::OK);
+    assert_eq!(body_json::<Value>(one).await["capabilities"], json!(["text"]));
     assert_eq!(call(&n, Request::get("/health").body(Body::empty()).unwrap()).await.status(), StatusCode::OK);
 }
 
