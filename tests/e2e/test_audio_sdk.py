@@ -274,3 +274,35 @@ def test_speech_models_registered_on_a_router_serve_through_its_node(speech_clus
     assert formats.get("whisper") == "ggml" and formats.get("voice") == "onnx", models.text
     listed = {m.id: m.capabilities for m in client.models.list().data}
     assert listed.get("whisper") == ["asr"] and listed.get("voice") == ["tts"], listed
+
+
+@pytest.fixture(scope="module")
+def gated_server(tmp_path_factory):
+    """smollm2 and whisper with the GPU modality gate on for CPU models too (spec 000's rule)."""
+    s = LlmrServer("gated", tmp_path_factory.mktemp("llmr-gated"), ["smollm2", "whisper"],
+                   ["--gpu-modality-gate", "on"]).start()
+    yield s
+    s.stop()
+
+
+def test_one_modality_at_a_time_when_the_gate_is_on(gated_server, jfk):
+    """While text generation holds the device, a transcription is refused at once with 429 and
+    Retry-After (through the router of `llmr serve`, which found no other node); once the text
+    requests are done, it runs."""
+    s = gated_server
+    assert s.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"file": ("jfk.wav", jfk)}).ok
+    # A raw continuation that keeps counting for its whole token budget.
+    body = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "max_tokens": 300,
+            "temperature": 0, "stream": True}
+    generating = s.post("/v1/completions", body, stream=True)
+    assert generating.status_code == 200, generating.text
+    lines = generating.iter_lines(decode_unicode=True)
+    assert next(l for l in lines if l.startswith("data: "))  # generation is under way
+    r = s.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"file": ("jfk.wav", jfk)})
+    rest = [json.loads(l[6:]) for l in lines if l.startswith("data: {")]
+    # (The refusal is only meaningful if the text request was still running: it counts to 300 tokens.)
+    assert rest and rest[-1]["choices"][0]["finish_reason"] == "length", rest[-1:]
+    assert r.status_code == 429 and r.headers.get("retry-after") == "1", (r.status_code, r.text)
+    assert "text requests" in r.json()["error"]["message"], r.text
+    r = s.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"file": ("jfk.wav", jfk)})
+    assert r.status_code == 200 and wer(JFK, r.json()["text"]) == 0, r.text

@@ -14,6 +14,9 @@ pub enum NodeError {
     /// Every slot is busy and the queue is full.
     #[error("the server is busy: {running} requests running and {queued} queued (the queue limit); retry shortly")]
     QueueFull { running: usize, queued: usize },
+    /// Another modality's requests hold the GPU (spec 000: refused at once, not queued).
+    #[error("the GPU is serving {holding} requests; {wanted} requests are refused until they finish (one modality at a time on a GPU); retry shortly")]
+    DeviceBusy { wanted: Capability, holding: Capability },
     /// The model was unloaded while the request waited for it.
     #[error("the model is being unloaded")]
     Unloading,

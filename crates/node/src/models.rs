@@ -12,6 +12,7 @@
 use crate::admission::Admission;
 use crate::engine::{Engine, EngineSettings, PluginEngine};
 use crate::error::NodeError;
+use crate::modality_gate::{modality_of, GateMode, ModalityGate};
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
 use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, ResolveError};
 use llmr_kv_policy::KvPolicy;
@@ -75,6 +76,8 @@ impl LoadedModel {
 pub struct ModelPolicy {
     pub engine: EngineSettings,
     pub queue_limit: usize,
+    /// Which models hold the device to one modality at a time (spec 000).
+    pub gate_mode: GateMode,
     /// Loaded models together stay under this (bytes of weights plus an allowance for KV).
     pub memory_budget: u64,
 }
@@ -83,6 +86,8 @@ pub struct ModelManager {
     entries: RwLock<BTreeMap<String, Arc<CatalogEntry>>>,
     registry: Arc<EngineRegistry>,
     policy: ModelPolicy,
+    /// One modality at a time on the device, for the models `policy.gate_mode` names.
+    gate: Arc<ModalityGate>,
     /// The KV policy set for the node (`--kv-policy`, `POST /v1/policy`): every model loads
     /// with it, and a change reaches the loaded ones. `None`: each engine's own default.
     kv_policy: RwLock<Option<KvPolicy>>,
@@ -104,7 +109,13 @@ pub struct LoadSnapshot {
 impl ModelManager {
     /// An empty catalog; [`ModelManager::add`] fills it.
     pub fn new(registry: Arc<EngineRegistry>, policy: ModelPolicy) -> Self {
-        ModelManager { entries: RwLock::new(BTreeMap::new()), registry, policy, kv_policy: RwLock::new(None) }
+        ModelManager {
+            entries: RwLock::new(BTreeMap::new()),
+            registry,
+            policy,
+            gate: Arc::default(),
+            kv_policy: RwLock::new(None),
+        }
     }
 
     /// The KV policy set for the node, if one was.
@@ -264,9 +275,14 @@ impl ModelManager {
             ctx = info.context_length,
             "model loaded"
         );
+        let mut admission = Admission::new(info.slots.unwrap_or(1), self.policy.queue_limit);
+        let backend = entry.plugin.manifest.gpu_backends[0];
+        if self.policy.gate_mode.applies_to(backend) {
+            admission = admission.gated(self.gate.clone(), modality_of(&info));
+        }
         let loaded = Arc::new(LoadedModel {
             name: name.to_owned(),
-            admission: Admission::new(info.slots.unwrap_or(1), self.policy.queue_limit),
+            admission,
             engine_id: entry.plugin.id().to_owned(),
             engine: Box::new(engine),
             templates,

@@ -4,6 +4,7 @@ use crate::cache::GenerationCache;
 use crate::control::{self, ControlState, SharedControl};
 use crate::engine::EngineSettings;
 use crate::http::{self, AppState, SharedState};
+use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
 use anyhow::{bail, Result};
 use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
@@ -21,6 +22,9 @@ pub struct NodeConfig {
     pub slots: u32,
     /// Requests that may wait for a slot, per model, before 429.
     pub queue_limit: usize,
+    /// Which models hold the device to one modality at a time, refusing the others with 429
+    /// (spec 000); by default those on a GPU.
+    pub gpu_modality_gate: GateMode,
     /// 0: the engine's default.
     pub threads: u32,
     /// Per-request context; 0: the engine's default.
@@ -70,6 +74,7 @@ impl Default for NodeConfig {
             models: Vec::new(),
             slots: 4,
             queue_limit: 64,
+            gpu_modality_gate: GateMode::Auto,
             threads: 0,
             context_length: 0,
             memory_budget: None,
@@ -118,6 +123,7 @@ impl Node {
                 load_options: None,
             },
             queue_limit: config.queue_limit,
+            gate_mode: config.gpu_modality_gate,
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
         };
         let models = ModelManager::new(Arc::new(registry), policy);

@@ -16,7 +16,7 @@ use crate::serve::{ServeConfig, DEFAULT_MODEL};
 use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
-use llmr_node::{AudioLimits, NodeConfig};
+use llmr_node::{AudioLimits, GateMode, NodeConfig};
 use llmr_router::CorsOrigins;
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,11 @@ pub struct NodeSettings {
     /// Requests that may wait per model before the server answers 429.
     #[arg(long, env = "LLMR_QUEUE_LIMIT")]
     pub queue_limit: Option<usize>,
+    /// One modality at a time on a GPU: while text, embedding, speech-to-text or text-to-speech
+    /// requests run there, requests of another get 429 with Retry-After at once. `auto` (default):
+    /// models on a GPU plugin; `on`: every model; `off`: all queue.
+    #[arg(long, env = "LLMR_GPU_MODALITY_GATE", value_name = "auto|on|off")]
+    pub gpu_modality_gate: Option<String>,
     /// CPU threads per engine (0: the engine's choice).
     #[arg(long, env = "LLMR_THREADS")]
     pub threads: Option<u32>,
@@ -94,11 +99,19 @@ impl NodeSettings {
             ),
             None => None,
         };
+        let gpu_modality_gate = match self.gpu_modality_gate.as_deref() {
+            None => defaults.gpu_modality_gate,
+            Some(s) => GateMode::parse(s).ok_or_else(|| Error::Setting {
+                name: "--gpu-modality-gate",
+                message: format!("`{s}` is not auto, on or off"),
+            })?,
+        };
         Ok(NodeConfig {
             engines_dir: self.engines_dir.clone().unwrap_or(defaults.engines_dir),
             models: Vec::new(),
             slots: self.slots.unwrap_or(defaults.slots),
             queue_limit: self.queue_limit.unwrap_or(defaults.queue_limit),
+            gpu_modality_gate,
             threads: self.threads.unwrap_or(defaults.threads),
             context_length: self.ctx_size.unwrap_or(defaults.context_length),
             memory_budget: self.memory_budget_mib.map(|m| m << 20),
@@ -433,6 +446,7 @@ mod tests {
             "engines_dir",
             "slots",
             "queue_limit",
+            "gpu_modality_gate",
             "threads",
             "ctx_size",
             "memory_budget_mib",
@@ -485,6 +499,12 @@ mod tests {
         assert_eq!((node.slots, node.cache_mib, node.queue_limit), (Some(2), Some(0), None));
         let config = node.node_config().unwrap();
         assert_eq!((config.slots, config.cache_bytes, config.queue_limit), (2, Some(0), 64));
+        assert_eq!(config.gpu_modality_gate, GateMode::Auto);
+        let gated = Flags::try_parse_from(["llmr", "--gpu-modality-gate", "on"]).unwrap();
+        assert_eq!(gated.node.node_config().unwrap().gpu_modality_gate, GateMode::On);
+        let bad = Flags::try_parse_from(["llmr", "--gpu-modality-gate", "maybe"]).unwrap();
+        let err = bad.node.node_config().unwrap_err().to_string();
+        assert!(err.contains("--gpu-modality-gate") && err.contains("`maybe`"), "{err}");
         assert_eq!(config.body_limit, 16 << 20);
 
         let none = ConfigFile::default().merge(&Flags::try_parse_from(["llmr"]).unwrap().serve).unwrap();

@@ -12,7 +12,7 @@ impl From<NodeError> for ApiError {
             NodeError::ModelNotFound(model) => ApiError::model_not_found(&model),
             NodeError::Incapable { .. } => ApiError::invalid("model", message),
             NodeError::Template(_) => ApiError::invalid("messages", message),
-            NodeError::QueueFull { .. } => ApiError::rate_limited(message, 1),
+            NodeError::QueueFull { .. } | NodeError::DeviceBusy { .. } => ApiError::rate_limited(message, 1),
             NodeError::Unloading | NodeError::NoMemory { .. } => ApiError::unavailable(message),
             NodeError::LoadFailed { error, .. } | NodeError::Engine(error) => {
                 ApiError::with_status(error.status.http_status(), message).with_code(error.status.code())
@@ -35,6 +35,7 @@ mod tests {
             (NodeError::Incapable { model: "m".into(), needs: Capability::Text }, 400, Some("model")),
             (NodeError::Template("bad".into()), 400, Some("messages")),
             (NodeError::QueueFull { running: 4, queued: 64 }, 429, None),
+            (NodeError::DeviceBusy { wanted: Capability::Asr, holding: Capability::Text }, 429, None),
             (NodeError::Unloading, 503, None),
             (NodeError::NoMemory { model: "m".into(), budget_mib: 1, held_mib: 2 }, 503, None),
             (NodeError::LoadFailed { model: "m".into(), error: engine(EngineStatus::ModelCorrupt) }, 500, None),
