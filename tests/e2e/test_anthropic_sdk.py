@@ -57,6 +57,18 @@ def test_max_tokens_is_the_stop_reason_when_cut(claude):
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
+def test_a_stop_sequence_ends_the_message_and_is_named(claude):
+    # A space: any sentence meets it, whatever the model writes.
+    kw = dict(model=MODEL, max_tokens=32, stop_sequences=["\n\n\n", " "],
+              messages=[{"role": "user", "content": "Write a sentence about cats."}])
+    m = claude.messages.create(**kw)
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", " "), m
+    assert all(" " not in b.text for b in m.content), m.content
+    with claude.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", " "), final
+
+
 def test_stream(claude):
     with claude.messages.stream(
         model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Count from one to five in words."}]

@@ -15,6 +15,8 @@
  *   new enum value, a new flag bit. Old plugins keep working with newer hosts and the reverse.
  *   An appended field starts at or after the previous version's sizeof, never in its trailing
  *   padding: an older writer counts that padding in struct_size and leaves it uninitialised.
+ *   A field named `reserved` may be given a meaning by a later minor version; its readers use it
+ *   only from plugins reporting that minor version or later.
  * - Every struct that crosses the boundary begins with `uint32_t struct_size`, set by whoever
  *   fills the struct to sizeof() of the struct as it knows it. A reader uses a field only when
  *   the field lies entirely within struct_size; a field beyond it reads as zero / NULL. A writer
@@ -70,7 +72,7 @@ extern "C" {
 #endif
 
 #define LLMR_ENGINE_ABI_MAJOR 1u
-#define LLMR_ENGINE_ABI_MINOR 2u
+#define LLMR_ENGINE_ABI_MINOR 3u
 
 #if defined(_WIN32)
 #define LLMR_EXPORT __declspec(dllexport)
@@ -303,7 +305,11 @@ typedef struct llmr_infer_result {
     uint32_t prompt_tokens;      /* exact count from the model's tokenizer */
     uint32_t completion_tokens;  /* tokens sampled, including any consumed by a stop sequence */
     uint32_t cached_tokens;      /* prompt tokens whose KV was reused from a previous request */
-    uint32_t reserved;
+    uint32_t stop_index;         /* minor 3: 1 + the index in llmr_infer_request.stop of the stop
+                                    sequence that ended the generation, 0 for any other end (an
+                                    end-of-generation token, a length). Reserved and written as 0
+                                    before minor 3: the host reads it only from plugins reporting
+                                    abi_minor >= 3. */
     uint64_t prompt_eval_ns;     /* time spent processing the prompt */
     uint64_t generation_ns;      /* time from first to last sampled token */
 } llmr_infer_result;

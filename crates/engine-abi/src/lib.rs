@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/llmr_engine.h");
 
 pub const LLMR_ENGINE_ABI_MAJOR: u32 = 1;
-pub const LLMR_ENGINE_ABI_MINOR: u32 = 2;
+pub const LLMR_ENGINE_ABI_MINOR: u32 = 3;
 
 pub type llmr_status = i32;
 pub const LLMR_OK: llmr_status = 0;
@@ -196,7 +196,8 @@ pub struct llmr_infer_result {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
-    pub reserved: u32,
+    /// Minor 3: 1 + the index of the stop sequence that ended the generation; 0 otherwise.
+    pub stop_index: u32,
     pub prompt_eval_ns: u64,
     pub generation_ns: u64,
 }

@@ -104,7 +104,7 @@ fn rows() -> Vec<Row> {
             prompt_tokens,
             completion_tokens,
             cached_tokens,
-            reserved,
+            stop_index,
             prompt_eval_ns,
             generation_ns,
         }

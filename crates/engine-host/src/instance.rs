@@ -135,6 +135,9 @@ pub enum FinishReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InferResult {
     pub finish_reason: FinishReason,
+    /// The index in the request's stop sequences of the one that ended the generation (minor 3
+    /// plugins); `None` for an end-of-generation token or an older plugin.
+    pub stop_index: Option<u32>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
@@ -528,8 +531,15 @@ impl EngineInstance {
             Err(CallError { status: EngineStatus::Cancelled, .. }) => FinishReason::Cancelled,
             Err(e) => return Err(e),
         };
+        // Before minor 3 the field was reserved: read it only from plugins that know it, and only
+        // as an index into the stops this request sent.
+        let stop_index = (finish_reason == FinishReason::Stop && self.plugin.info.abi_minor >= 3)
+            .then(|| result.stop_index.checked_sub(1))
+            .flatten()
+            .filter(|&i| (i as usize) < params.sampling.stop.len());
         Ok(InferResult {
             finish_reason,
+            stop_index,
             prompt_tokens: result.prompt_tokens,
             completion_tokens: result.completion_tokens,
             cached_tokens: result.cached_tokens,

@@ -374,7 +374,10 @@ pub unsafe fn infer<E: Engine>(
             prompt_tokens: o.prompt_tokens,
             completion_tokens: o.completion_tokens,
             cached_tokens: o.cached_tokens,
-            reserved: 0,
+            stop_index: match (o.finish_reason, o.stop_index) {
+                (FinishReason::Stop, Some(i)) => i.saturating_add(1),
+                _ => 0,
+            },
             prompt_eval_ns: o.prompt_eval_ns,
             generation_ns: o.generation_ns,
         };

@@ -39,30 +39,32 @@ impl Utf8Stream {
 /// sequence is held back; text after a match is never released.
 #[derive(Debug)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// The stop sequences with their index in the request's list (empty ones left out).
+    stops: Vec<(usize, String)>,
     text: String,
     released: usize,
-    stopped: bool,
+    /// The index of the stop sequence that matched.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
     pub fn new(stops: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        let stops = stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect();
-        Self { stops, text: String::new(), released: 0, stopped: false }
+        let stops = stops.into_iter().map(Into::into).enumerate().filter(|(_, s)| !s.is_empty()).collect();
+        Self { stops, text: String::new(), released: 0, matched: None }
     }
 
     /// Appends `piece` and returns the text that is now safe to show. After a match, returns the
     /// text before it and `stopped()` turns true.
     pub fn push(&mut self, piece: &str) -> &str {
-        if self.stopped {
+        if self.stopped() {
             return "";
         }
         let search_from = self.released.saturating_sub(self.max_stop_len());
         self.text.push_str(piece);
         let start = self.released;
         let end = match self.first_match(search_from) {
-            Some(at) => {
-                self.stopped = true;
+            Some((at, index)) => {
+                self.matched = Some(index);
                 at.max(start)
             }
             None => self.text.len() - self.held_back(),
@@ -74,14 +76,21 @@ impl StopMatcher {
     /// Releases the held-back text when generation ends without a match.
     pub fn finish(&mut self) -> &str {
         let start = self.released;
-        if !self.stopped {
+        if !self.stopped() {
             self.released = self.text.len();
         }
         &self.text[start..self.released]
     }
 
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// Which stop sequence ended the text: its index in the list given to `new` (the ABI's
+    /// `stop_index` less one). Of two that match, the one that starts first, then the earlier
+    /// in the list.
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 
     /// All text released so far.
@@ -90,19 +99,20 @@ impl StopMatcher {
     }
 
     fn max_stop_len(&self) -> usize {
-        self.stops.iter().map(String::len).max().unwrap_or(0)
+        self.stops.iter().map(|(_, s)| s.len()).max().unwrap_or(0)
     }
 
-    fn first_match(&self, from: usize) -> Option<usize> {
+    /// The earliest match from `from`: (its byte offset, the stop's index).
+    fn first_match(&self, from: usize) -> Option<(usize, usize)> {
         let from = (0..=from).rev().find(|&i| self.text.is_char_boundary(i)).unwrap_or(0);
-        self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| i + from)).min()
+        self.stops.iter().filter_map(|(index, s)| self.text[from..].find(s.as_str()).map(|i| (i + from, *index))).min()
     }
 
     /// Length of the longest suffix of the text that is a proper prefix of a stop sequence.
     fn held_back(&self) -> usize {
         self.stops
             .iter()
-            .filter_map(|s| (1..s.len()).rev().find(|&n| s.is_char_boundary(n) && self.text.ends_with(&s[..n])))
+            .filter_map(|(_, s)| (1..s.len()).rev().find(|&n| s.is_char_boundary(n) && self.text.ends_with(&s[..n])))
             .max()
             .unwrap_or(0)
     }
@@ -137,6 +147,7 @@ mod tests {
             shown.push_str(m.push(piece));
         }
         assert!(m.stopped());
+        assert_eq!(m.matched(), Some(0));
         assert_eq!(shown, "The answer is 4");
         assert_eq!(m.push("ignored"), "");
         assert_eq!(m.finish(), "");
@@ -149,7 +160,7 @@ mod tests {
         assert_eq!(m.push("AR"), "STAR");
         assert_eq!(m.push(" S"), " ");
         assert_eq!(m.finish(), "S");
-        assert!(!m.stopped());
+        assert!(!m.stopped() && m.matched().is_none());
         assert_eq!(m.released(), "go STAR S");
     }
 
@@ -159,6 +170,13 @@ mod tests {
         assert_eq!(m.push("aaß"), "aa");
         assert_eq!(m.push("!b"), "");
         assert_eq!(m.released(), "aa");
+        // Reported by its place in the request's list, empty stops counted.
+        let mut m = StopMatcher::new(["", "zz", "b", "ab"]);
+        assert_eq!(m.push("xab"), "x");
+        assert_eq!(m.matched(), Some(3), "`ab` starts before `b`");
+        let mut m = StopMatcher::new(["", "zz", "b"]);
+        m.push("abc");
+        assert_eq!(m.matched(), Some(2));
         let mut none = StopMatcher::new(Vec::<String>::new());
         assert_eq!(none.push("anything"), "anything");
     }

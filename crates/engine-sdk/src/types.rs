@@ -191,6 +191,9 @@ pub enum FinishReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InferOutcome {
     pub finish_reason: FinishReason,
+    /// With `Stop`: the index in `Sampling::stop` of the stop sequence that ended the text;
+    /// `None` for an end-of-generation token.
+    pub stop_index: Option<u32>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,

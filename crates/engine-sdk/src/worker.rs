@@ -19,16 +19,19 @@ pub fn clock_ns() -> u64 {
 }
 
 /// The end of a request that ran: its counts and timings (prompt evaluation until the first
-/// token, generation after it; a request ended before its first token spent all in the prompt).
+/// token, generation after it; a request ended before its first token spent all in the prompt),
+/// and the stop sequence that ended it, if one did (`StopMatcher::matched`).
 pub fn finished(
     reason: FinishReason,
     (prompt_tokens, cached_tokens, completion_tokens): (usize, usize, u32),
+    stop_index: Option<usize>,
     started: Instant,
     first_token: Option<Instant>,
 ) -> Event {
     let now = Instant::now();
     Event::Done(InferOutcome {
         finish_reason: reason,
+        stop_index: stop_index.map(|i| i as u32),
         prompt_tokens: prompt_tokens as u32,
         completion_tokens,
         cached_tokens: cached_tokens as u32,
@@ -41,6 +44,7 @@ pub fn finished(
 pub fn cancelled_in_queue(prompt_tokens: usize) -> Event {
     Event::Done(InferOutcome {
         finish_reason: FinishReason::Cancelled,
+        stop_index: None,
         prompt_tokens: prompt_tokens as u32,
         completion_tokens: 0,
         cached_tokens: 0,

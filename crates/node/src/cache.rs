@@ -20,6 +20,7 @@ pub struct CachedGeneration {
     /// The text as the engine streamed it, piece by piece, so a streamed replay looks the same.
     pub pieces: Vec<String>,
     pub finish_stop: bool,
+    pub stop_index: Option<u32>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
 }
@@ -111,7 +112,13 @@ mod tests {
     }
 
     fn gen(text: &str) -> CachedGeneration {
-        CachedGeneration { pieces: vec![text.into()], finish_stop: true, prompt_tokens: 3, completion_tokens: 1 }
+        CachedGeneration {
+            pieces: vec![text.into()],
+            finish_stop: true,
+            stop_index: None,
+            prompt_tokens: 3,
+            completion_tokens: 1,
+        }
     }
 
     #[test]

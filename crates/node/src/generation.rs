@@ -61,6 +61,8 @@ pub struct Piece {
 pub struct Finished {
     /// false: stopped by the length limit (or the context).
     pub stopped: bool,
+    /// Stopped by this stop sequence (its index in the request's `stop`), not by the model.
+    pub stop_index: Option<u32>,
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
@@ -168,6 +170,7 @@ fn replay(model: Arc<LoadedModel>, hit: CachedGeneration) -> Generation {
     }
     let _ = tx.send(GenEvent::Done(Ok(Finished {
         stopped: hit.finish_stop,
+        stop_index: hit.stop_index,
         prompt_tokens: hit.prompt_tokens,
         completion_tokens: hit.completion_tokens,
         cached_tokens: hit.prompt_tokens,
@@ -249,6 +252,7 @@ fn start(
                         CachedGeneration {
                             pieces,
                             finish_stop: stopped,
+                            stop_index: r.stop_index,
                             prompt_tokens: r.prompt_tokens,
                             completion_tokens: r.completion_tokens,
                         },
@@ -256,6 +260,7 @@ fn start(
                 }
                 Ok(Finished {
                     stopped,
+                    stop_index: r.stop_index,
                     prompt_tokens: r.prompt_tokens,
                     completion_tokens: r.completion_tokens,
                     cached_tokens: r.cached_tokens,

@@ -240,6 +240,7 @@ impl EchoEngine {
         }
         Ok(InferOutcome {
             finish_reason: finish,
+            stop_index: stops.matched().map(|i| i as u32),
             prompt_tokens: words.len() as u32 + u32::from(req.add_bos),
             completion_tokens,
             cached_tokens: 0,

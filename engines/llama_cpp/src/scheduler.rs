@@ -590,7 +590,7 @@ impl<'m> Scheduler<'m> {
             a.generated
         ));
         let counts = (a.job.tokens.len(), a.cached_prompt, a.generated);
-        let _ = a.job.events.send(finished(reason, counts, a.started, a.first_token));
+        let _ = a.job.events.send(finished(reason, counts, a.stops.matched(), a.started, a.first_token));
     }
 
     fn fail(&mut self, i: usize, err: EngineError) {

@@ -571,6 +571,6 @@ impl Scheduler {
             r.generated
         ));
         let counts = (r.job.tokens.len(), r.cached_prompt, r.generated);
-        let _ = r.job.events.send(finished(reason, counts, r.started, r.first_token));
+        let _ = r.job.events.send(finished(reason, counts, r.stops.matched(), r.started, r.first_token));
     }
 }

@@ -43,6 +43,7 @@ pub async fn handle(State(state): State<SharedState>, id: RequestId, body: Resul
                 reading,
                 blocks: BlockWriter::default(),
                 calls: 0,
+                stops: req.sampling.stop.clone(),
             };
             Ok((vec![prompt], encoder))
         })
@@ -76,14 +77,19 @@ struct MessagesEncoder {
     blocks: BlockWriter,
     /// Tool calls made so far.
     calls: usize,
+    /// The request's `stop_sequences`, to name the one that ended the answer.
+    stops: Vec<String>,
 }
 
-/// A generation cut by the length limit is `max_tokens` even after calls (the answer is cut).
-fn stop_reason(f: &Finished, called: bool) -> StopReason {
-    match (f.stopped, called) {
-        (false, _) => StopReason::MaxTokens,
-        (true, true) => StopReason::ToolUse,
-        (true, false) => StopReason::EndTurn,
+/// A generation cut by the length limit is `max_tokens` even after calls (the answer is cut);
+/// one ended by a stop sequence is `stop_sequence`, with the sequence.
+fn stop_reason(f: &Finished, called: bool, stops: &[String]) -> (StopReason, Option<String>) {
+    let matched = f.stop_index.and_then(|i| stops.get(i as usize)).cloned();
+    match (f.stopped, called, matched) {
+        (false, _, _) => (StopReason::MaxTokens, None),
+        (true, _, Some(stop)) => (StopReason::StopSequence, Some(stop)),
+        (true, true, None) => (StopReason::ToolUse, None),
+        (true, false, None) => (StopReason::EndTurn, None),
     }
 }
 
@@ -131,7 +137,8 @@ impl Encoder for MessagesEncoder {
         let events = self.reader.finish();
         self.parsed(events, out);
         self.blocks.close(out);
-        let delta = MessageDelta { stop_reason: stop_reason(&finished, self.calls > 0), stop_sequence: None };
+        let (stop_reason, stop_sequence) = stop_reason(&finished, self.calls > 0, &self.stops);
+        let delta = MessageDelta { stop_reason, stop_sequence };
         out.push(StreamEvent::MessageDelta { delta, usage: usage(&finished) }.sse());
         out.push(StreamEvent::MessageStop.sse());
     }
@@ -164,7 +171,9 @@ impl Encoder for MessagesEncoder {
         }
         let mut message = Message::new(self.id, self.model, usage(&c.finished));
         message.content = content;
-        message.stop_reason = Some(stop_reason(&c.finished, called));
+        let (stop_reason, stop_sequence) = stop_reason(&c.finished, called, &self.stops);
+        message.stop_reason = Some(stop_reason);
+        message.stop_sequence = stop_sequence;
         Json(message).into_response()
     }
 }

@@ -46,12 +46,17 @@ pub trait Encoder: Send + 'static {
 }
 
 /// The usage of a request's choices: each prompt's tokens once (its `n` choices share it), every
-/// choice's generated tokens; stopped when all stopped.
+/// choice's generated tokens; stopped when all stopped (by the one stop sequence of a single
+/// choice).
 pub fn total(finished: &[Finished], n: usize) -> Finished {
     let n = n.max(1);
     let per_prompt = finished.iter().step_by(n);
     Finished {
         stopped: finished.iter().all(|f| f.stopped),
+        stop_index: match finished {
+            [one] => one.stop_index,
+            _ => None,
+        },
         prompt_tokens: per_prompt.clone().map(|f| f.prompt_tokens).sum(),
         completion_tokens: finished.iter().map(|f| f.completion_tokens).sum(),
         cached_tokens: per_prompt.map(|f| f.cached_tokens).sum(),

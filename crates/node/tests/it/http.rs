@@ -360,6 +360,28 @@ async fn named_events(resp: Response) -> Vec<(String, Value)> {
 }
 
 #[tokio::test]
+async fn a_stop_sequence_that_ends_a_message_is_named_in_its_stop_reason() {
+    let n = node("echo-stops");
+    // The echo engine repeats the rendered prompt: `<|im_start|>system sys<|im_end|> <|im_start|>user hi`.
+    let body = json!({"model": "echo-stops", "max_tokens": 20, "system": "sys", "stop_sequences": ["never", "user"],
+        "messages": [{"role": "user", "content": "hi"}]});
+    let whole: Value = body_json(call(&n, post("/v1/messages", body.clone())).await).await;
+    assert_eq!((whole["stop_reason"].as_str(), whole["stop_sequence"].as_str()), (Some("stop_sequence"), Some("user")));
+    assert_eq!(whole["content"][0]["text"], "<|im_start|>system sys<|im_end|> <|im_start|>", "cut before it");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = named_events(call(&n, post("/v1/messages", streamed)).await).await;
+    let (_, delta) = &events[events.len() - 2];
+    assert_eq!(delta["delta"], json!({"stop_reason": "stop_sequence", "stop_sequence": "user"}));
+    // Ended by the model (here: all its words said), not by a stop: `end_turn` and no sequence.
+    let mut unmatched = body.clone();
+    unmatched["stop_sequences"] = json!(["never"]);
+    unmatched["max_tokens"] = json!(100);
+    let whole: Value = body_json(call(&n, post("/v1/messages", unmatched)).await).await;
+    assert_eq!((whole["stop_reason"].as_str(), whole["stop_sequence"].as_str()), (Some("end_turn"), None));
+}
+
+#[tokio::test]
 async fn anthropic_messages_stream_the_same_answer_and_fail_in_anthropics_shape() {
     let n = node_with("echo-claude", 0, |c| c.api_keys = vec!["secret".into()]);
     let keyed = |path: &str, body: Value| {
