@@ -36,6 +36,13 @@ pub struct RouterArgs {
     /// (`https://app.example.com`), or `*` for any. Default: pages served from this machine.
     #[arg(long, env = "LLMR_CORS_ORIGINS", value_delimiter = ',')]
     cors_origins: Vec<String>,
+    /// Days a stored response of /v1/responses is kept (for previous_response_id and GET).
+    #[arg(long, env = "LLMR_RESPONSES_RETENTION_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    responses_retention_days: u32,
+}
+
+fn days(n: u32) -> Duration {
+    Duration::from_secs(u64::from(n) * 24 * 3600)
 }
 
 pub fn db_path(given: Option<PathBuf>) -> Result<PathBuf> {
@@ -59,6 +66,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
     config.heartbeat_timeout = Duration::from_millis(args.heartbeat_timeout_ms);
     config.body_limit = args.body_limit_mib << 20;
     config.cors = CorsOrigins::parse(&args.cors_origins).map_err(|e| anyhow::anyhow!("--cors-origins: {e}"))?;
+    config.responses_retention = days(args.responses_retention_days);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let db = config.db_path.clone();

@@ -5,6 +5,9 @@ use crate::keys::Scope;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// OpenAI's retention of stored responses.
+pub const DEFAULT_RESPONSES_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
 #[derive(Clone, Debug)]
 pub struct RouterConfig {
     /// SQLite file (default `~/.llmr/router.db`).
@@ -27,6 +30,8 @@ pub struct RouterConfig {
     pub fixed_keys: Vec<(String, String, Vec<Scope>)>,
     /// Web pages allowed to call the API from a browser.
     pub cors: CorsOrigins,
+    /// How long a stored response of `/v1/responses` is kept (OpenAI keeps them 30 days).
+    pub responses_retention: Duration,
 }
 
 impl RouterConfig {
@@ -43,6 +48,7 @@ impl RouterConfig {
             hf_token: llmr_hub::token_from_env(),
             fixed_keys: Vec::new(),
             cors: CorsOrigins::Loopback,
+            responses_retention: DEFAULT_RESPONSES_RETENTION,
         }
     }
 

@@ -13,6 +13,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::Mutex;
 
+mod responses;
+pub use responses::StoredResponse;
+
 const MIGRATIONS: &[&str] = &[
     // 1: models, their files, nodes, API keys.
     "CREATE TABLE models (
@@ -58,6 +61,10 @@ const MIGRATIONS: &[&str] = &[
         response TEXT NOT NULL
     );
     CREATE INDEX responses_by_age ON responses (created_at);",
+    // 3: a response continuing another stores only its own input and points at the other
+    // (NULL: `input` holds the whole conversation, as every row of version 2 does).
+    "ALTER TABLE responses ADD COLUMN previous_id TEXT;
+    CREATE INDEX responses_by_previous ON responses (previous_id);",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -85,20 +92,6 @@ pub struct StoredKey {
     pub scopes: Vec<String>,
     pub created_at: u64,
     pub revoked: bool,
-}
-
-/// A response kept for `previous_response_id` and `GET /v1/responses/{id}`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredResponse {
-    pub id: String,
-    /// The id of the API key that made it ("" when the router runs without keys).
-    pub owner: String,
-    pub model: String,
-    pub created_at: u64,
-    /// Every input item it answered, earlier turns' included (a JSON array).
-    pub input: String,
-    /// The response object (JSON).
-    pub response: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -338,52 +331,6 @@ impl Db {
             params![now as i64, id],
         )? > 0)
     }
-
-    // ---- responses ----
-
-    /// Stores a response, and forgets those created before `expire_before`.
-    pub fn insert_response(&self, r: &StoredResponse, expire_before: u64) -> Result<(), DbError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute("DELETE FROM responses WHERE created_at < ?1", params![expire_before as i64])?;
-        tx.execute(
-            "INSERT INTO responses (id, owner, model, created_at, input, response) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![r.id, r.owner, r.model, r.created_at as i64, r.input, r.response],
-        )
-        .map_err(|e| match e {
-            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
-                DbError::Exists(format!("response {}", r.id))
-            }
-            e => DbError::Sqlite(e),
-        })?;
-        tx.commit()?;
-        Ok(())
-    }
-
-    /// The response `id` if `owner` made it.
-    pub fn response(&self, id: &str, owner: &str) -> Result<Option<StoredResponse>, DbError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT id, owner, model, created_at, input, response FROM responses WHERE id = ?1 AND owner = ?2",
-                params![id, owner],
-                |r| {
-                    Ok(StoredResponse {
-                        id: r.get(0)?,
-                        owner: r.get(1)?,
-                        model: r.get(2)?,
-                        created_at: r.get::<_, i64>(3)? as u64,
-                        input: r.get(4)?,
-                        response: r.get(5)?,
-                    })
-                },
-            )
-            .optional()?)
-    }
-
-    pub fn delete_response(&self, id: &str, owner: &str) -> Result<bool, DbError> {
-        Ok(self.conn().execute("DELETE FROM responses WHERE id = ?1 AND owner = ?2", params![id, owner])? > 0)
-    }
 }
 
 #[cfg(test)]
@@ -423,29 +370,6 @@ pub(crate) mod tests {
         assert!(db.delete_model("a").unwrap());
         assert!(!db.delete_model("a").unwrap());
         assert!(db.models().unwrap().is_empty());
-    }
-
-    #[test]
-    fn responses_are_seen_only_by_their_owner_and_expire() {
-        let db = Db::open_in_memory().unwrap();
-        let r = |id: &str, created_at| StoredResponse {
-            id: id.into(),
-            owner: "key-a".into(),
-            model: "m".into(),
-            created_at,
-            input: "[]".into(),
-            response: "{}".into(),
-        };
-        db.insert_response(&r("resp_1", 10), 0).unwrap();
-        assert_eq!(db.response("resp_1", "key-a").unwrap(), Some(r("resp_1", 10)));
-        assert_eq!(db.response("resp_1", "key-b").unwrap(), None);
-        assert!(!db.delete_response("resp_1", "key-b").unwrap());
-        assert!(matches!(db.insert_response(&r("resp_1", 10), 0), Err(DbError::Exists(_))));
-        // A later insert forgets what expired.
-        db.insert_response(&r("resp_2", 50), 20).unwrap();
-        assert_eq!(db.response("resp_1", "key-a").unwrap(), None);
-        assert!(db.delete_response("resp_2", "key-a").unwrap());
-        assert_eq!(db.response("resp_2", "key-a").unwrap(), None);
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub mod responses;
 pub mod server;
 pub mod state;
 
-pub use config::RouterConfig;
+pub use config::{RouterConfig, DEFAULT_RESPONSES_RETENTION};
 pub use cors::CorsOrigins;
 pub use keys::{KeyRing, Scope};
 pub use server::Router;

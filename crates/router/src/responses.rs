@@ -8,7 +8,9 @@
 //! answer is stored when the request did not say `store: false`: a non-streamed one as it is
 //! passed on, a streamed one when its `response.completed` (or `response.incomplete`) event
 //! passes through. `GET`, `DELETE` and `GET .../input_items` read it back. A response is visible
-//! only to the API key that made it, and is forgotten after [`RETENTION`].
+//! only to the API key that made it, and is forgotten after the configured retention
+//! (`RouterConfig::responses_retention`, OpenAI's 30 days by default). A continuation stores
+//! only its own input and points at the response it continues (`db/responses.rs`).
 
 use crate::balance::affinity_key;
 use crate::db::{DbError, StoredResponse};
@@ -27,10 +29,7 @@ use llmr_telemetry::RequestId;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long a stored response is kept (OpenAI keeps them 30 days).
-pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+use std::time::Instant;
 
 /// Tells the node that the router resolved `previous_response_id` and stores the answer.
 const STORE_HEADER: HeaderName = HeaderName::from_static("x-llmr-response-store");
@@ -58,6 +57,19 @@ async fn load(state: &Arc<RouterState>, id: String, owner: String) -> Result<Opt
         .map_err(db_error)
 }
 
+/// A stored response with every input item it answered, earlier turns' included.
+async fn load_conversation(
+    state: &Arc<RouterState>,
+    id: String,
+    owner: String,
+) -> Result<Option<(StoredResponse, Vec<Value>)>, ApiError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || state.db.response_conversation(&id, &owner))
+        .await
+        .map_err(|e| ApiError::server(format!("the response store panicked: {e}")))?
+        .map_err(db_error)
+}
+
 pub async fn create(
     State(state): State<Arc<RouterState>>,
     id: RequestId,
@@ -76,7 +88,7 @@ pub async fn create(
     if !prepared.store || resp.status() != StatusCode::OK {
         return resp;
     }
-    let keep = Keep { state: state.clone(), owner, input: prepared.input };
+    let keep = Keep { state: state.clone(), owner, input: prepared.input, previous: prepared.previous };
     let is_stream =
         resp.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     if is_stream {
@@ -90,8 +102,10 @@ struct Prepared {
     routed: Routed,
     /// The request with the whole conversation as its input.
     body: Bytes,
-    /// That input, to store with the answer.
+    /// The request's own input items, to store with the answer.
     input: Vec<Value>,
+    /// The response it continues.
+    previous: Option<String>,
     store: bool,
 }
 
@@ -103,35 +117,36 @@ async fn prepare(
     let bytes = body.map_err(|r| rejection_error(r, state.config.body_limit))?;
     let call = llmr_openai::parse_body::<ResponsesRequest>(&bytes)?.validate()?;
     let mut request: serde_json::Map<String, Value> = llmr_openai::parse_body(&bytes)?;
-    let mut input = input_items(request.get("input").unwrap_or(&Value::Null))?;
+    let input = input_items(request.get("input").unwrap_or(&Value::Null))?;
+    let mut conversation = input.clone();
     if let Some(previous) = &call.echo.previous_response_id {
-        let earlier = load(state, previous.clone(), owner.to_owned())
+        let (earlier, mut before) = load_conversation(state, previous.clone(), owner.to_owned())
             .await?
             .ok_or_else(|| not_found(previous, Some("previous_response_id")))?;
-        let mut conversation: Vec<Value> = serde_json::from_str(&earlier.input)
-            .map_err(|e| ApiError::server(format!("stored response {previous} is unreadable: {e}")))?;
         let answered: ResponseObject = serde_json::from_str(&earlier.response)
             .map_err(|e| ApiError::server(format!("stored response {previous} is unreadable: {e}")))?;
-        conversation.extend(answered.output.iter().map(|item| serde_json::to_value(item).expect("items serialize")));
-        conversation.append(&mut input);
-        input = conversation;
-        request.insert("input".into(), Value::Array(input.clone()));
+        before.extend(answered.output.iter().map(|item| serde_json::to_value(item).expect("items serialize")));
+        before.extend(input.iter().cloned());
+        conversation = before;
+        request.insert("input".into(), Value::Array(conversation.clone()));
     }
-    let leading = serde_json::to_string(&input).unwrap_or_default();
+    let leading = serde_json::to_string(&conversation).unwrap_or_default();
     let routed = Routed {
         affinity: Some(affinity_key(&call.chat.model, &leading)),
         model: call.chat.model,
         stream: call.chat.stream,
     };
     let body = Bytes::from(serde_json::to_vec(&request).expect("JSON serializes"));
-    Ok(Prepared { routed, body, input, store: call.store })
+    Ok(Prepared { routed, body, input, previous: call.echo.previous_response_id.clone(), store: call.store })
 }
 
 /// What storing an answer needs.
 struct Keep {
     state: Arc<RouterState>,
     owner: String,
+    /// The request's own input items.
     input: Vec<Value>,
+    previous: Option<String>,
 }
 
 impl Keep {
@@ -148,8 +163,9 @@ impl Keep {
             created_at: object.created_at,
             input: Value::Array(self.input).to_string(),
             response: response.to_string(),
+            previous_id: self.previous,
         };
-        let expire_before = unix_now().saturating_sub(RETENTION.as_secs());
+        let expire_before = unix_now().saturating_sub(self.state.config.responses_retention.as_secs());
         let state = self.state;
         let stored = tokio::task::spawn_blocking(move || state.db.insert_response(&row, expire_before)).await;
         match stored {
@@ -294,12 +310,11 @@ pub async fn input_items_list(
             return ApiError::invalid("order", format!("`{other}` is not one of `asc`, `desc`")).into_response()
         }
     };
-    let stored = match load(&state, id.clone(), owner(principal.as_deref())).await {
-        Ok(Some(s)) => s,
+    let stored = match load_conversation(&state, id.clone(), owner(principal.as_deref())).await {
+        Ok(Some((_, items))) => items,
         Ok(None) => return not_found(&id, None).into_response(),
         Err(e) => return e.into_response(),
     };
-    let stored: Vec<Value> = serde_json::from_str(&stored.input).unwrap_or_default();
     let suffix = id.trim_start_matches("resp_");
     let mut items: Vec<Value> =
         stored.into_iter().enumerate().map(|(i, item)| listed_item(item, format!("item_{suffix}_{i}"))).collect();

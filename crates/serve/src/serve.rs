@@ -36,6 +36,8 @@ pub struct ServeConfig {
     pub no_auth: bool,
     /// Web pages allowed to call the API from a browser.
     pub cors: CorsOrigins,
+    /// How long stored responses of `/v1/responses` are kept.
+    pub responses_retention: std::time::Duration,
     /// The embedded node with its models; its key is the secret made at start.
     pub node: NodeConfig,
     /// Where models registered at the router are fetched to.
@@ -83,6 +85,7 @@ impl Serve {
         router_config.body_limit = config.node.body_limit;
         router_config.audio_body_limit = config.node.audio.max_upload_bytes;
         router_config.cors = config.cors;
+        router_config.responses_retention = config.responses_retention;
         router_config.fixed_keys.push((node_token.clone(), "embedded node".into(), vec![Scope::Node]));
         if let Some(key) = api_key {
             router_config.fixed_keys.push((key, "llmr serve --api-key".into(), vec![Scope::Api, Scope::Admin]));

@@ -17,11 +17,12 @@ use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
 use llmr_node::{AudioLimits, GateMode, NodeConfig};
-use llmr_router::CorsOrigins;
+use llmr_router::{CorsOrigins, DEFAULT_RESPONSES_RETENTION};
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The node: engines, slots, context, memory, cache, store (`llmr serve` and `llmr node`).
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
@@ -152,6 +153,9 @@ pub struct ServeSettings {
     /// (`https://app.example.com`), or `*` for any. Default: pages served from this machine.
     #[arg(long, env = "LLMR_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Option<Vec<String>>,
+    /// Days a stored response of /v1/responses is kept (default 30, as OpenAI).
+    #[arg(long, env = "LLMR_RESPONSES_RETENTION_DAYS")]
+    pub responses_retention_days: Option<u32>,
     /// A model to serve: a store name, a GGUF path, a safetensors model folder, or ALIAS=PATH.
     /// Repeatable; default: the whole store. The first one is preloaded.
     #[arg(long = "model", short = 'm', env = "LLMR_MODEL", value_delimiter = ',')]
@@ -175,6 +179,16 @@ impl ServeSettings {
         check_exposure(&host, api_key.as_deref(), self.no_auth)?;
         let cors = CorsOrigins::parse(&self.cors_origins.unwrap_or_default())
             .map_err(|message| Error::Setting { name: "--cors-origins", message })?;
+        let responses_retention = match self.responses_retention_days {
+            None => DEFAULT_RESPONSES_RETENTION,
+            Some(0) => {
+                return Err(Error::Setting {
+                    name: "--responses-retention-days",
+                    message: "must be at least 1 (a request can say `store: false` instead)".into(),
+                })
+            }
+            Some(days) => Duration::from_secs(u64::from(days) * 24 * 3600),
+        };
         let store = ModelStore::open(&store_root).map_err(|e| Error::Store(e.into()))?;
         let specs = self.models.unwrap_or_default();
         let models: Vec<ModelDescriptor> = if specs.is_empty() {
@@ -196,6 +210,7 @@ impl ServeSettings {
             api_key,
             no_auth: self.no_auth,
             cors,
+            responses_retention,
             node: NodeConfig { models, ..node_config },
             store: store_root,
             scan_store: specs.is_empty(),
@@ -440,6 +455,7 @@ mod tests {
             "api_key",
             "no_auth",
             "cors_origins",
+            "responses_retention_days",
             "models",
             "default_model",
             "store",

@@ -25,6 +25,7 @@ pub fn serve_config(dir: &Path, name: &str, delay_ms: u64) -> ServeConfig {
         api_key: None,
         no_auth: false,
         cors: CorsOrigins::Loopback,
+        responses_retention: llmr_router::DEFAULT_RESPONSES_RETENTION,
         node: NodeConfig { engines_dir: engines, models: vec![model], cache_bytes: Some(0), ..NodeConfig::default() },
         store: dir.join("models"),
         scan_store: false,
