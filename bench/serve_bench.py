@@ -64,8 +64,9 @@ MODELS = {
 # Characters per token of the Hamlet corpus (measured with llama-server's /tokenize: 3.36-3.50 for
 # SmolLM2 and Gemma 3). Prompt sizes below are targets; the tables report the real counts (usage).
 CHARS_PER_TOKEN = 3.4
-# llmr's unified KV cache has min(slots x ctx, max(ctx, 32768)) cells (engines/llama_cpp
-# scheduler.rs `total_cells`); llama-server gets the same number as -c.
+# llmr's KV cache has min(slots x ctx, max(ctx, 32768)) cells (engines/llama_cpp scheduler.rs
+# `total_cells`), in a stream per sequence when slots x ctx fits that budget, else unified
+# (`separate_streams`); llama-server gets the same cells as -c and the same layout.
 LLMR_MAX_TOTAL_CELLS = 32768
 
 
@@ -502,10 +503,15 @@ def total_cells(slots, ctx):
     return min(slots * ctx, max(ctx, LLMR_MAX_TOTAL_CELLS))
 
 
+def separate_streams(slots, ctx):
+    return slots > 1 and slots * ctx <= max(ctx, LLMR_MAX_TOTAL_CELLS)
+
+
 def server_command(kind, a, exe, model_path, alias, port):
     if kind == "llama-server":
         return [exe, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-t", str(a.threads),
-                "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots), "--kv-unified", "-a", alias]
+                "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots),
+                "--no-kv-unified" if separate_streams(a.slots, a.ctx) else "--kv-unified", "-a", alias]
     return [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--engines-dir", str(REPO / "engines"),
             "--threads", str(a.threads), "--slots", str(a.slots), "--ctx-size", str(a.ctx), "--cache-mib", "0",
             "--queue-limit", str(max(64, 2 * a.slots + a.storm_n)), "--model", f"{alias}={model_path}"]

@@ -148,49 +148,60 @@ fn run_batch(
         (0..n).map(|i| prompt_of(engine, args.npp, 50_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
     let mut rates = Vec::new();
     let mut wall_rates = Vec::new();
+    let mut spreads = Vec::new();
+    let mut together_rates = Vec::new();
     // Sequences that ended before `ntg` tokens (a KV cache too small for them all), over all reps.
     let mut ended_early = 0;
     for rep in 0..args.reps.min(3) + 1 {
         let start = Instant::now();
-        let results: Vec<Result<(u64, u64, u32)>> = std::thread::scope(|s| {
+        let results: Vec<Result<(Vec<u64>, u32)>> = std::thread::scope(|s| {
             let handles: Vec<_> = prompts
                 .iter()
                 .map(|prompt| {
-                    s.spawn(move || -> Result<(u64, u64, u32)> {
+                    s.spawn(move || -> Result<(Vec<u64>, u32)> {
                         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
                         p.sampling.max_tokens = Some(args.ntg);
                         p.sampling.constraint = constraint.cloned();
                         p.ignore_eos = true;
-                        let (mut first, mut last) = (0u64, 0u64);
+                        let mut times = Vec::with_capacity(args.ntg as usize);
                         let r = engine.infer(&p, |t| {
-                            if first == 0 {
-                                first = t.timestamp_ns;
-                            }
-                            last = t.timestamp_ns;
+                            times.push(t.timestamp_ns);
                             true
                         })?;
-                        Ok((first, last, r.completion_tokens))
+                        Ok((times, r.completion_tokens))
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
         });
         let wall = start.elapsed().as_secs_f64();
-        let results: Vec<(u64, u64, u32)> = results.into_iter().collect::<Result<_>>()?;
-        let t0 = results.iter().map(|r| r.0).min().unwrap_or(0);
-        let t1 = results.iter().map(|r| r.1).max().unwrap_or(0);
-        let decoded: u64 = results.iter().map(|r| u64::from(r.2.saturating_sub(1))).sum();
-        let generated: u64 = results.iter().map(|r| u64::from(r.2)).sum();
-        ended_early += results.iter().filter(|r| r.2 < args.ntg).count();
+        let results: Vec<(Vec<u64>, u32)> = results.into_iter().collect::<Result<_>>()?;
+        let firsts = results.iter().filter_map(|r| r.0.first().copied());
+        let (t0, all_started) = (firsts.clone().min().unwrap_or(0), firsts.max().unwrap_or(0));
+        let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
+        let decoded: u64 = results.iter().map(|r| u64::from(r.1.saturating_sub(1))).sum();
+        let generated: u64 = results.iter().map(|r| u64::from(r.1)).sum();
+        // Tokens decoded once every sequence had its first: the steps llama-batched-bench times
+        // (it prefills every prompt before its first decode step).
+        let together: usize = results.iter().map(|r| r.0.iter().filter(|&&t| t > all_started).count()).sum();
+        ended_early += results.iter().filter(|r| r.1 < args.ntg).count();
         if rep > 0 {
             rates.push(decoded as f64 / ((t1 - t0) as f64 / 1e9));
             wall_rates.push(generated as f64 / wall);
+            spreads.push((all_started - t0) as f64 / 1e6);
+            if t1 > all_started {
+                together_rates.push(together as f64 / ((t1 - all_started) as f64 / 1e9));
+            }
         }
     }
     Ok(serde_json::json!({
         "sequences": n, "npp": args.npp, "ntg": args.ntg,
         "decode_tokens_per_s": median(rates.clone()), "samples": rates,
         "end_to_end_tokens_per_s": median(wall_rates),
+        // From the first sequence's first token to the last one's: prompts still being
+        // processed while others decode fall in the window above.
+        "first_token_spread_ms": median(spreads),
+        "all_decoding_tokens_per_s": median(together_rates),
         "ended_early": ended_early,
     }))
 }

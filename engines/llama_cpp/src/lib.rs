@@ -427,6 +427,8 @@ impl Engine for LlamaCppEngine {
                     "prefix_cache_entries": get(&s.prefix_cache_entries),
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
                     "prefix_cache_restored_total": get(&s.prefix_cache_restored_total),
+                    "prefix_copies_total": get(&s.prefix_copies_total),
+                    "kv_separate_streams": scheduler::separate_streams(&settings),
                     "kv_cache_type": settings.kv_type.name(),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
                     "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,

@@ -4,9 +4,16 @@
 //! (b) prompt tokens of sequences still reading their prompt (at most `prefill_chunk`, fewer while
 //! others generate: `llmr_sampling::Pacer`), decodes it once, and samples for every sequence that
 //! produced logits. New requests join between steps.
-//! The KV cache is unified: a new request starts from the longest token prefix any slot holds,
-//! copied by reference (`seq_cp`), or that host memory saved from an idle slot (`prefixes.rs`),
-//! so shared system prompts are processed once.
+//! Each sequence has a KV stream of its own when `slots x ctx_per_seq` cells fit the cell budget
+//! (`separate_streams`): llama.cpp then attends each sequence over its own cells only. In one
+//! unified cache every sequence attends over the cells of all (masked), which cost 25-35% of
+//! decode speed at 8 sequences of a few hundred tokens in profiles (`bench/RESULTS.md`: 23% of
+//! the time in `ggml_vec_dot_f16` against 6% for llama-batched-bench, which keeps streams apart).
+//! Past the budget the cache stays unified, so that its cells go where the tokens are.
+//! A new request starts from the longest token prefix any slot holds (shared by `seq_cp`:
+//! metadata only in a unified cache, a copy of the whole stream between separate ones), or that
+//! host memory saved from an idle slot (`prefixes.rs`), so shared system prompts are processed
+//! once.
 
 use crate::backend;
 use crate::sampling::TokenSampler;
@@ -74,6 +81,8 @@ pub struct Stats {
     pub prefix_cache_saved_total: AtomicU64,
     /// Requests whose prefix came back from host memory.
     pub prefix_cache_restored_total: AtomicU64,
+    /// Requests whose prefix was copied from another slot's cache.
+    pub prefix_copies_total: AtomicU64,
 }
 
 struct Active {
@@ -131,9 +140,15 @@ pub struct Scheduler<'m> {
 /// first (`make_room`).
 const MAX_TOTAL_CELLS: u32 = 32768;
 
-/// KV cells of the unified cache shared by all sequences.
+/// KV cells of the context, over all sequences.
 pub fn total_cells(s: &ContextSettings) -> u32 {
     s.ctx_per_seq.saturating_mul(s.slots).min(s.ctx_per_seq.max(MAX_TOTAL_CELLS))
+}
+
+/// Whether every sequence gets a stream of `ctx_per_seq` cells (`kv_unified` off): when they all
+/// fit the budget, so the context holds the same cells either way.
+pub fn separate_streams(s: &ContextSettings) -> bool {
+    s.slots > 1 && s.ctx_per_seq.saturating_mul(s.slots) <= s.ctx_per_seq.max(MAX_TOTAL_CELLS)
 }
 
 pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
@@ -142,7 +157,7 @@ pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
         .with_n_batch(2048)
         .with_n_ubatch(512)
         .with_n_seq_max(s.slots)
-        .with_kv_unified(true)
+        .with_kv_unified(!separate_streams(s))
         .with_n_threads(s.threads as i32)
         .with_n_threads_batch(s.threads as i32)
         .with_type_k(s.kv_type.llama())
@@ -351,10 +366,11 @@ impl<'m> Scheduler<'m> {
                 self.save(target);
             }
             let reused = self.reuse_prefix(target, &job.tokens);
-            // Every other idle cache leaves the KV cache now (saved first), so later batches do
-            // not attend over it and its cells are free for the new work. With saving off, idle
-            // caches stay in place, to be reused or overwritten.
-            if self.saved.enabled() {
+            // In a unified cache every other idle cache leaves now (saved first), so later
+            // batches do not attend over it and its cells are free for the new work. With saving
+            // off, or in streams of their own (which no one else attends over), idle caches stay
+            // in place, to be reused or overwritten.
+            if self.saved.enabled() && !separate_streams(&self.settings) {
                 self.drop_idle(Some(target));
             }
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab(), job.mask.take());

@@ -315,6 +315,48 @@ fn a_repeated_prefix_is_served_from_the_cache() {
     assert_eq!(head(&text), head(&fresh), "reused {text:?} vs fresh {fresh:?}");
 }
 
+/// A prefix held by a busy slot serves a request that lands on the other slot: copied with the
+/// whole stream between separate KV streams (each sequence attends over its own cells only), or
+/// shared by reference in one unified cache (past the cell budget). Either way the answer is the
+/// one a fresh instance gives.
+#[test]
+fn a_prefix_held_by_a_busy_slot_is_shared_with_the_other_slot() {
+    let system = format!("<|im_start|>system\n{}<|im_end|>\n", "You answer briefly and precisely. ".repeat(20));
+    let long = format!("{system}<|im_start|>user\nCount from one to two hundred.<|im_end|>\n<|im_start|>assistant\n");
+    let short = format!("{system}<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n");
+    let (fresh, _, _) = generate_on(
+        &engine_with("fresh", InstanceConfig { slots: 1, ..Default::default() }),
+        &greedy_on("fresh", 70, &short, 8),
+    );
+    // 2 x 2048 cells fit the budget: separate streams; 2 x 20000 do not: unified.
+    for (ctx, separate) in [(2048, true), (20_000, false)] {
+        let engine = engine_with("m", InstanceConfig { slots: 2, context_length: ctx, ..Default::default() });
+        assert_eq!(model_stats(&engine, "m")["kv_separate_streams"], separate, "ctx {ctx}");
+        let prefix = engine.tokenize("m", &system, true, true).unwrap().len() as u32;
+        let (started, stop) = (std::sync::mpsc::channel::<()>(), std::sync::atomic::AtomicBool::new(false));
+        let (text, res) = std::thread::scope(|s| {
+            let busy = s.spawn(|| {
+                let mut p = greedy_on("m", 71, &long, 2000);
+                p.ignore_eos = true;
+                let started = started.0.clone();
+                engine.infer(&p, |_| {
+                    let _ = started.send(());
+                    !stop.load(std::sync::atomic::Ordering::Relaxed)
+                })
+            });
+            started.1.recv().unwrap();
+            let (text, _, res) = generate_on(&engine, &greedy_on("m", 72, &short, 8));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert_eq!(busy.join().unwrap().unwrap().finish_reason, FinishReason::Cancelled, "it was still running");
+            (text, res)
+        });
+        assert!(res.cached_tokens >= prefix, "ctx {ctx}: cached {} of a {prefix}-token prefix", res.cached_tokens);
+        assert_eq!(model_stats(&engine, "m")["prefix_copies_total"], 1, "ctx {ctx}");
+        let head = |t: &str| t.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+        assert_eq!(head(&text), head(&fresh), "ctx {ctx}: shared {text:?} vs fresh {fresh:?}");
+    }
+}
+
 #[test]
 fn an_idle_cache_is_saved_to_host_memory_and_restored_for_its_prefix() {
     let system = format!("<|im_start|>system\n{}<|im_end|>\n", "You are a careful tutor of geography. ".repeat(12));
