@@ -185,9 +185,9 @@ def test_the_voice_speaks_three_sentences_that_whisper_hears_back(client):
     data, rate = soundfile.read(io.BytesIO(audio), dtype="float32")
     assert rate == 22_050 and 4.0 < len(data) / rate < 20.0, len(data) / rate
     heard = transcribe(client, audio, name="speech.wav").text
-    # The voice's noise is sampled per run (see the router test below): three misheard words of
-    # 22 pass; an unintelligible voice misses far more.
-    assert wer(text, heard) <= 0.15, heard
+    # The bar: at most 10% of the words misheard (2 of 22), though the voice's noise is
+    # sampled afresh each run (see the router test below).
+    assert wer(text, heard) <= 0.10, heard
 
 
 @pytest.mark.parametrize("fmt,sniff", [("mp3", (b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")), ("flac", (b"fLaC",)),
