@@ -1,6 +1,6 @@
-//! One GPU, several modalities (spec 000): while requests of one modality (text generation,
-//! embeddings, speech to text, text to speech) run or wait on the device, a request of another
-//! is refused at once with 429 and Retry-After instead of queueing behind them. Two kinds of
+//! One GPU, several modalities (spec 000): while requests of one modality (language models, speech
+//! to text, text to speech, images) run or wait on the device, a request of another is refused
+//! at once with 429 and Retry-After instead of queueing behind them. Two kinds of
 //! model competing for one GPU slow each other and can run it out of memory; a refused request
 //! goes elsewhere at once (the router tries the next node on a 429) or retries shortly.
 //!
@@ -43,13 +43,12 @@ impl GateMode {
     }
 }
 
-/// The modality a model's requests count as: what it mainly serves (a chat model that also
-/// embeds holds the device as a text model).
+/// The modality a model's requests count as. Language models are one, embedding models
+/// included: they run on the same engines, are small beside a chat model, and a retrieval
+/// pipeline asks for embeddings while its chat answers stream (refusing them would break it).
+/// The spec's conflict is between engines: an LLM against Whisper, a voice or an image model.
 pub fn modality_of(info: &ModelInfo) -> Capability {
-    [Capability::Text, Capability::Asr, Capability::Tts, Capability::Image]
-        .into_iter()
-        .find(|&c| info.has(c))
-        .unwrap_or(Capability::Embedding)
+    [Capability::Asr, Capability::Tts, Capability::Image].into_iter().find(|&c| info.has(c)).unwrap_or(Capability::Text)
 }
 
 /// Requests of each modality now running or waiting on the device (one gate per node: placement
@@ -119,6 +118,15 @@ mod tests {
         assert!(gate.enter(Capability::Text).is_err(), "and now speech holds it");
         drop(speech);
         gate.enter(Capability::Text).unwrap();
+    }
+
+    #[test]
+    fn embedding_models_share_the_language_models_hold() {
+        let info = |caps: &[Capability]| ModelInfo { capabilities: caps.to_vec(), ..ModelInfo::default() };
+        assert_eq!(modality_of(&info(&[Capability::Embedding])), Capability::Text);
+        assert_eq!(modality_of(&info(&[Capability::Text, Capability::Vision])), Capability::Text);
+        assert_eq!(modality_of(&info(&[Capability::Asr])), Capability::Asr);
+        assert_eq!(modality_of(&info(&[Capability::Tts])), Capability::Tts);
     }
 
     #[test]

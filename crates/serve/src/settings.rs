@@ -39,8 +39,8 @@ pub struct NodeSettings {
     /// Requests that may wait per model before the server answers 429.
     #[arg(long, env = "LLMR_QUEUE_LIMIT")]
     pub queue_limit: Option<usize>,
-    /// One modality at a time on a GPU: while text, embedding, speech-to-text or text-to-speech
-    /// requests run there, requests of another get 429 with Retry-After at once. `auto` (default):
+    /// One modality at a time on a GPU: while language-model (chat, embeddings), speech-to-text
+    /// or text-to-speech requests run there, requests of another get 429 with Retry-After at once. `auto` (default):
     /// models on a GPU plugin; `on`: every model; `off`: all queue.
     #[arg(long, env = "LLMR_GPU_MODALITY_GATE", value_name = "auto|on|off")]
     pub gpu_modality_gate: Option<String>,
