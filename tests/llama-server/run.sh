@@ -9,12 +9,16 @@
 # (so the selection is reproducible) and stops the server. README.md beside this file says which
 # tests run, which are excluded and why.
 #
-# Two adaptations, in a pytest plugin this script writes (llmr_shim.py, see below), applied to the
-# suite's own request helpers (ServerProcess.make_request / make_stream_request) only:
+# Three adaptations, in a pytest plugin this script writes (llmr_shim.py, see below), applied to
+# the suite's own request helpers (ServerProcess.make_request / make_stream_request) only:
 #   * a request body without `model` (or with `"model": null`) gets the group's served model:
 #     llama-server serves one model and ignores the field; llmr, like OpenAI, requires it;
 #   * `/chat/completions` and `/models` go to `/v1/chat/completions` and `/v1/models`: llama-server
-#     also serves the OpenAI routes without the /v1 prefix; llmr only under /v1.
+#     also serves the OpenAI routes without the /v1 prefix; llmr only under /v1;
+#   * a generation request without `seed` / `temperature` gets the server's (`ServerProcess.seed`,
+#     42, and `.temperature`, 0.8): the suite starts llama-server with `--seed` and `--temp`, so its
+#     sampled answers repeat; llmr takes sampling settings per request only. (Unseeded, a schema
+#     test whose regex needs a digit saw `null` once in a CI run.)
 # Requests the tests make with the OpenAI SDK are not touched.
 #
 # Everything downloaded lives outside the repository:
@@ -227,10 +231,15 @@ DEFAULT_MODEL = os.environ["LLMR_DEFAULT_MODEL"]
 ROUTES = {"/chat/completions": "/v1/chat/completions", "/models": "/v1/models"}
 
 
-def _adapt(path, data):
+GENERATING = ("/v1/chat/completions", "/v1/completions")
+
+
+def _adapt(server, path, data):
     path = ROUTES.get(path, path)
     if isinstance(data, dict) and data.get("model") is None:
         data = {**data, "model": DEFAULT_MODEL}
+    if isinstance(data, dict) and path in GENERATING:
+        data = {"seed": server.seed, "temperature": server.temperature, **data}
     return path, data
 
 
@@ -239,12 +248,12 @@ _make_stream_request = utils.ServerProcess.make_stream_request
 
 
 def make_request(self, method, path, data=None, *args, **kwargs):
-    path, data = _adapt(path, data)
+    path, data = _adapt(self, path, data)
     return _make_request(self, method, path, data, *args, **kwargs)
 
 
 def make_stream_request(self, method, path, data=None, *args, **kwargs):
-    path, data = _adapt(path, data)
+    path, data = _adapt(self, path, data)
     return _make_stream_request(self, method, path, data, *args, **kwargs)
 
 
