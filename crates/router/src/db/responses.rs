@@ -102,18 +102,24 @@ fn detach_continuations(conn: &Connection, id: &str) -> Result<(), DbError> {
 }
 
 impl Db {
-    /// Stores a response, and forgets those created before `expire_before` (oldest first, each
-    /// after the responses continuing it took its conversation over).
+    /// Stores a response, then forgets those created before `expire_before` (each after the
+    /// responses continuing it, the new one included, took its conversation over). A response
+    /// whose predecessor was deleted while it was generated is not stored (its chain would break).
     pub fn insert_response(&self, r: &StoredResponse, expire_before: u64) -> Result<(), DbError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let expired: Vec<String> = tx
-            .prepare("SELECT id FROM responses WHERE created_at < ?1 ORDER BY created_at, id")?
-            .query_map(params![expire_before as i64], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for id in &expired {
-            detach_continuations(&tx, id)?;
-            tx.execute("DELETE FROM responses WHERE id = ?1", params![id])?;
+        if let Some(previous) = &r.previous_id {
+            let exists: Option<i64> = tx
+                .query_row("SELECT 1 FROM responses WHERE id = ?1 AND owner = ?2", params![previous, r.owner], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            if exists.is_none() {
+                return Err(DbError::Corrupt(format!(
+                    "response {} continues {previous}, which was deleted while it was generated",
+                    r.id
+                )));
+            }
         }
         tx.execute(
             &format!("INSERT INTO responses ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"),
@@ -125,6 +131,14 @@ impl Db {
             }
             e => DbError::Sqlite(e),
         })?;
+        let expired: Vec<String> = tx
+            .prepare("SELECT id FROM responses WHERE created_at < ?1 ORDER BY created_at, id")?
+            .query_map(params![expire_before as i64], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for id in &expired {
+            detach_continuations(&tx, id)?;
+            tx.execute("DELETE FROM responses WHERE id = ?1", params![id])?;
+        }
         tx.commit()?;
         Ok(())
     }
@@ -245,6 +259,19 @@ mod tests {
         assert!(db.response("r1", "key-a").unwrap().is_none() && db.response("r2", "key-a").unwrap().is_none());
         let (_, items) = db.response_conversation("r4", "key-a").unwrap().unwrap();
         assert_eq!(said(&items), ["q1", "a1", "q2", "a2", "q3", "a3", "q4"]);
+        // The response being stored continues one that expires as it is stored.
+        db.insert_response(&stored("r5", 100, Some("r4"), user("q5"), "a5"), 50).unwrap();
+        assert!(db.response("r4", "key-a").unwrap().is_none());
+        let (r5, items) = db.response_conversation("r5", "key-a").unwrap().unwrap();
+        assert_eq!(said(&items), ["q1", "a1", "q2", "a2", "q3", "a3", "q4", "a4", "q5"]);
+        assert_eq!(r5.previous_id, None);
+        // One whose predecessor was deleted while it was generated is refused, not left dangling.
+        assert!(db.delete_response("r5", "key-a").unwrap());
+        assert!(matches!(
+            db.insert_response(&stored("r6", 101, Some("r5"), user("q6"), "a6"), 0),
+            Err(DbError::Corrupt(m)) if m.contains("deleted while it was generated")
+        ));
+        assert!(db.response("r6", "key-a").unwrap().is_none());
     }
 
     #[test]
