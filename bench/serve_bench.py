@@ -4,7 +4,7 @@
 For each model, the reference llama-server (built by bench/reference/build.sh from the llama.cpp
 tree of the PyPI sdist llama-cpp-python) and `llmr serve` are started ONE AFTER THE OTHER (never
 together, so they never share the cores) on 127.0.0.1 with the same model file, thread count,
-number of slots and KV cells (a unified cache), and the same load generator (this script, asyncio +
+number of slots and KV cells (in the same layout), and the same load generator (this script, asyncio +
 aiohttp, streaming, fixed seeds) drives both through the same workloads:
 
   single      one user, sequential requests: TTFT, inter-token latency p50/p95/p99, decode tok/s
@@ -914,12 +914,15 @@ def main():
                platform.machine())
     cmd = "bench/serve_bench.py" + "".join(f" {x}" for x in sys.argv[1:])
     elapsed = time.perf_counter() - started
+    separate = separate_streams(a.slots, a.ctx)
     parts = [f"\n### {datetime.date.today()} · commit {commit}{dirty} · {cpu}, {os.cpu_count()} cores\n",
              f"Command: `{cmd}` ({elapsed / 60:.1f} min). Reference: llama-server {ref.get('version', '?')} "
              f"(bench/reference/build.sh); llmr: release build of this commit. Both servers: {a.threads} threads, "
-             f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells in one unified cache "
+             f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells "
+             f"{'in a stream per slot' if separate else 'in one unified cache'} "
              f"(llmr `--slots {a.slots} --ctx-size {a.ctx} --cache-mib 0`, llama-server "
-             f"`-np {a.slots} -c {total_cells(a.slots, a.ctx)} --kv-unified`), 127.0.0.1, run one after the other; "
+             f"`-np {a.slots} -c {total_cells(a.slots, a.ctx)} {'--no-kv-unified' if separate else '--kv-unified'}`), "
+             f"127.0.0.1, run one after the other; "
              f"streamed chat requests, temperature {a.temperature} with a fixed seed per request. "
              f"Load average before: {load_before:.2f}, after: {load_after:.2f}; CPU of other processes while "
              f"measuring: at most {other_max:.2f} cores"
