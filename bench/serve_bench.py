@@ -23,6 +23,8 @@ workload is bounded in count and time.
 
   bench/serve_bench.py [--models smollm2,gemma3] [--threads 2] [--write]
   bench/serve_bench.py --smoke          # a few requests per workload, both servers, SmolLM2 only
+  bench/serve_bench.py --reference llmr-in-process   # llmr against itself with plugins in its own
+                                        # process: what engine worker processes cost (issue 16)
 
 --write appends the table to bench/RESULTS.md with the date, commit, machine and command.
 --smoke checks the harness (exit 1 on any failure: an HTTP error, a stream without tokens, missing
@@ -512,9 +514,10 @@ def server_command(kind, a, exe, model_path, alias, port):
         return [exe, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-t", str(a.threads),
                 "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots),
                 "--no-kv-unified" if separate_streams(a.slots, a.ctx) else "--kv-unified", "-a", alias]
+    isolation = ["--engine-isolation", "in-process"] if kind == "llmr-in-process" else []
     return [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--engines-dir", str(REPO / "engines"),
             "--threads", str(a.threads), "--slots", str(a.slots), "--ctx-size", str(a.ctx), "--cache-mib", "0",
-            "--queue-limit", str(max(64, 2 * a.slots + a.storm_n)), "--model", f"{alias}={model_path}"]
+            "--queue-limit", str(max(64, 2 * a.slots + a.storm_n)), "--model", f"{alias}={model_path}", *isolation]
 
 
 def die_with_parent():
@@ -700,8 +703,8 @@ def get(fig, key):
     return fig.get(key)
 
 
-def table(ref, ours, levels):
-    out = ["| figure | llama-server | llmr | llmr / llama-server | better |", "|---|---:|---:|---:|---|"]
+def table(ref, ours, levels, ref_name="llama-server"):
+    out = [f"| figure | {ref_name} | llmr | llmr / {ref_name} | better |", "|---|---:|---:|---:|---|"]
     for label, key, better in rows(levels):
         rv, ov = get(ref, key), get(ours, key)
         ratio = "-" if better == INFO or not rv or not ov else f"{ov / rv:.2f}"
@@ -709,11 +712,23 @@ def table(ref, ours, levels):
     return "\n".join(out)
 
 
-def goals(ref, ours, levels):
+def goals(ref, ours, levels, ref_name="llama-server"):
     g = []
 
     def add(name, target, value, ok, refv=None):
         g.append(f"| {name} | {target} | {fmt(value)} | {fmt(refv)} | {'yes' if ok else '**no**'} |")
+
+    if ref_name == "llmr-in-process":
+        # Issue 16: engine worker processes cost at most 3% of decode speed and TTFT.
+        v = ours["single.decode"] / ref["single.decode"]
+        add("single-user decode tok/s, worker / in process", ">= 0.97", v, v >= 0.97)
+        v = ours["single.ttft_p50"] / ref["single.ttft_p50"]
+        add("single-user TTFT p50, worker / in process", "<= 1.03", v, v <= 1.03)
+        for c in (8, 16):
+            if c in levels:
+                v = ours[f"c{c}.tok_s"] / ref[f"c{c}.tok_s"]
+                add(f"aggregate tok/s at c={c}, worker / in process", ">= 0.97", v, v >= 0.97)
+        return "\n".join([f"| goal | target | llmr | {ref_name} | met |", "|---|---|---:|---:|---|"] + g)
 
     for c in (8, 16):
         if c in levels:
@@ -823,7 +838,10 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="skip cargo build / install-engines / fetch-models")
     ap.add_argument("--llmr-bin", default=None,
                     help="the llmr binary (default: the release build, built first); scripts/test passes its debug build")
-    ap.add_argument("--servers", default="llama-server,llmr", help="for development: run only some servers")
+    ap.add_argument("--reference", default="llama-server", choices=["llama-server", "llmr-in-process"],
+                    help="what llmr (plugins in engine worker processes) is compared with: llama-server, or llmr "
+                         "with its plugins in its own process (--engine-isolation in-process)")
+    ap.add_argument("--servers", default=None, help="for development: run only some servers")
     ap.add_argument("--workloads", default=",".join(n for n, _ in WORKLOADS),
                     help="for development: run only some workloads (their figures are logged)")
     ap.add_argument("--retries", type=int, default=None,
@@ -867,6 +885,8 @@ def main():
     ref = dict(l.split("=", 1) for l in sh([str(REPO / "bench/reference/build.sh")]).splitlines() if "=" in l)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     exes = {"llama-server": ref["llama-server"], "llmr": a.llmr_bin or str(target / "release/llmr")}
+    exes["llmr-in-process"] = exes["llmr"]
+    a.servers = a.servers or f"{a.reference},llmr"
     for k, v in exes.items():
         if not Path(v).is_file():
             die(f"{k} binary not found at {v}")
@@ -882,7 +902,7 @@ def main():
             if not model_path.is_file():
                 die(f"{model_path} is missing: run scripts/fetch-models {name}")
             # Alternate which server goes first, so slow drift of a shared machine hits both.
-            order = ["llama-server", "llmr"] if mi % 2 == 0 else ["llmr", "llama-server"]
+            order = [a.reference, "llmr"] if mi % 2 == 0 else ["llmr", a.reference]
             for kind in [k for k in order if k in a.servers.split(",")]:
                 quiet_wait(a)
                 for attempt in range(a.retries + 1):
@@ -916,8 +936,11 @@ def main():
     elapsed = time.perf_counter() - started
     separate = separate_streams(a.slots, a.ctx)
     parts = [f"\n### {datetime.date.today()} · commit {commit}{dirty} · {cpu}, {os.cpu_count()} cores\n",
-             f"Command: `{cmd}` ({elapsed / 60:.1f} min). Reference: llama-server {ref.get('version', '?')} "
-             f"(bench/reference/build.sh); llmr: release build of this commit. Both servers: {a.threads} threads, "
+             f"Command: `{cmd}` ({elapsed / 60:.1f} min). Reference: "
+             + (f"llama-server {ref.get('version', '?')} (bench/reference/build.sh)" if a.reference == "llama-server"
+                else "the same llmr with its plugins in its own process (`--engine-isolation in-process`)")
+             + f"; llmr: release build of this commit, each model in an engine worker process. "
+             f"Both servers: {a.threads} threads, "
              f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells "
              f"{'in a stream per slot' if separate else 'in one unified cache'} "
              f"(llmr `--slots {a.slots} --ctx-size {a.ctx} --cache-mib 0`, llama-server "
@@ -928,9 +951,10 @@ def main():
              f"measuring: at most {other_max:.2f} cores"
              + ("" if quiet or a.smoke else " — **the machine was not quiet: these numbers are noisy**") + ".\n"]
     for name in names:
-        r, o = results.get((name, "llama-server")), results.get((name, "llmr"))
+        r, o = results.get((name, a.reference)), results.get((name, "llmr"))
         if r and o:
-            parts.append(f"\n**{MODELS[name]}**\n\n{table(r, o, sz.levels)}\n\nGoals:\n\n{goals(r, o, sz.levels)}\n")
+            parts.append(f"\n**{MODELS[name]}**\n\n{table(r, o, sz.levels, a.reference)}\n\n"
+                         f"Goals:\n\n{goals(r, o, sz.levels, a.reference)}\n")
     if failures:
         parts.append("\nFailures:\n" + "\n".join(f"- {f}" for f in failures) + "\n")
     report = "".join(parts)

@@ -10,6 +10,7 @@ use crate::plugin::Plugin;
 use crate::status::{CallError, EngineStatus};
 use llmr_engine_abi as abi;
 use llmr_engine_types::{Constraint, Format, ModelInfo, Sampling};
+use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -17,7 +18,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Settings for `llmr_engine_create`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct InstanceConfig {
     pub gpu_backend: Option<GpuBackend>,
     pub device_id: Option<i32>,
@@ -32,7 +33,7 @@ pub struct InstanceConfig {
 }
 
 /// A model to load (the node's ModelDescriptor, as the ABI needs it).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelSpec {
     pub model_id: String,
     pub format: Format,
@@ -107,7 +108,7 @@ impl<'a> InferParams<'a> {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TopLogprob {
     pub token_id: i32,
     pub logprob: f32,
@@ -125,14 +126,14 @@ pub struct TokenEvent<'a> {
     pub timestamp_ns: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FinishReason {
     Stop,
     Length,
     Cancelled,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InferResult {
     pub finish_reason: FinishReason,
     /// The index in the request's stop sequences of the one that ended the generation (minor 3

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use std::path::{Component, Path, PathBuf};
 
 /// GPU backends a plugin folder can be built for (`engines/<id>/<backend>/`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuBackend {
     Cuda,

@@ -23,7 +23,7 @@ pub struct TranscribeParams<'a> {
     pub beam_size: u32,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Word {
     pub start_ms: u64,
     pub end_ms: u64,
@@ -32,7 +32,7 @@ pub struct Word {
 }
 
 /// One transcribed segment, copied out of the plugin's callback.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Segment {
     pub start_ms: u64,
     pub end_ms: u64,

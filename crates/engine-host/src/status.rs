@@ -4,7 +4,7 @@
 use llmr_engine_abi as abi;
 
 /// A non-OK status returned by a plugin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum EngineStatus {
     OomVram,
     OomRam,
@@ -78,7 +78,7 @@ impl EngineStatus {
 }
 
 /// A failed plugin call: the status and the plugin's message.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{} ({}): {message}", .status.code(), .status.raw())]
 pub struct CallError {
     pub status: EngineStatus,

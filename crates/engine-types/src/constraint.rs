@@ -2,7 +2,7 @@
 //! (`llmr_infer_request.constraint_kind` and `constraint` on the ABI).
 
 /// A grammar as text, in one of the forms engines compile (through `llmr-constraint`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Constraint {
     /// A JSON Schema document; the output is one JSON value valid against it.
     JsonSchema(String),

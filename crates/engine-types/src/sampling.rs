@@ -4,7 +4,7 @@
 use crate::Constraint;
 
 /// Validated settings (ranges are the wire crate's job: a plugin may rely on them).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
     /// `None`: until the context is full or the model stops.
     pub max_tokens: Option<u32>,

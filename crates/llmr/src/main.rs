@@ -45,6 +45,9 @@ enum Command {
     List(list_cmd::ListArgs),
     /// Chat in the terminal with a model on a running llmr (or any OpenAI-compatible) server.
     Chat(chat_cmd::ChatArgs),
+    /// One engine plugin with one model, for a node over its standard input (a node starts it).
+    #[command(hide = true)]
+    EngineWorker,
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Pull(args) => pull_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::List(args) => list_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
         Command::Chat(args) => chat_cmd::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::EngineWorker => Ok(std::process::ExitCode::from(llmr_engine_worker::serve_stdin() as u8)),
     };
     match result {
         Ok(code) => code,

@@ -1,15 +1,19 @@
-//! The one `Engine` trait the node serves through, and its implementation over a plugin.
+//! The one `Engine` trait the node serves through, and its two implementations over a plugin:
+//! in a worker process of its own (`IsolatedEngine`, the default of `llmr`) or in the node's
+//! process (`PluginEngine`).
 //!
 //! One `Engine` is one loaded model. The node never touches the C ABI: `PluginEngine` owns an
-//! `EngineInstance` (which owns the `unsafe`), so another kind of engine would only implement
-//! this trait.
+//! `EngineInstance` (which owns the `unsafe`) and `IsolatedEngine` a `WorkerEngine` (a process
+//! that owns one), so another kind of engine would only implement this trait.
 
 use llmr_engine_host::{
     abi, CallError, EmbedInputs, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec,
     Plugin, Segment, SynthesizeParams, TokenEvent, TranscribeParams,
 };
+use llmr_engine_worker::{WorkerCommand, WorkerEngine};
 use llmr_model_store::ModelDescriptor;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub trait Engine: Send + Sync {
     /// What the engine reported at load, with the node's defaults filled in: `slots` and
@@ -50,7 +54,32 @@ pub trait Engine: Send + Sync {
     fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError>;
     /// Whether the engine decodes under a constraint (`Sampling::constraint`).
     fn constrains(&self) -> bool;
+    /// Why the engine can no longer serve (its worker process crashed, or hung and was ended),
+    /// once that happened; every call then fails. An engine in the node's process never ends
+    /// on its own (a crash there ends the node).
+    fn exit_reason(&self) -> Option<String> {
+        None
+    }
 }
+
+/// Where plugins run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineIsolation {
+    /// In the node's own process: a plugin crash ends the node.
+    InProcess,
+    /// Each loaded model in a worker process started with `command`: a crash or hang ends only
+    /// that worker, and the node reloads the model in a new one.
+    Worker {
+        command: WorkerCommand,
+        /// An engine call with no progress (no token, segment or audio, and no change in the
+        /// engine's work counters) for this long is a hang: its worker is ended and its
+        /// requests fail with 504. `None`: no watchdog.
+        watchdog: Option<Duration>,
+    },
+}
+
+/// The spec's watchdog time (spec 000: 30 s).
+pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 
 /// Settings the node passes to every engine instance it creates.
 #[derive(Debug, Clone, Default)]
@@ -83,24 +112,45 @@ fn model_spec(desc: &ModelDescriptor, settings: &EngineSettings) -> ModelSpec {
     }
 }
 
+fn instance_config(settings: &EngineSettings) -> InstanceConfig {
+    InstanceConfig {
+        slots: settings.slots,
+        threads: settings.threads,
+        context_length: settings.context_length,
+        host_memory_total_bytes: settings.host_memory_total_bytes,
+        ..Default::default()
+    }
+}
+
+/// What the engine reported, with the node's defaults filled in.
+fn completed_info(mut info: ModelInfo, desc: &ModelDescriptor, settings: &EngineSettings) -> ModelInfo {
+    // An engine that does not say how many requests it runs at once runs what it was asked to.
+    info.slots = Some(info.slots.filter(|&n| n > 0).unwrap_or(settings.slots.max(1)));
+    info.architecture = Some(desc.architecture.clone());
+    info
+}
+
+/// Loads `desc` with `plugin` where `isolation` says (blocking; seconds for big models).
+pub fn load_engine(
+    isolation: &EngineIsolation,
+    plugin: &Arc<Plugin>,
+    desc: &ModelDescriptor,
+    settings: &EngineSettings,
+) -> Result<Box<dyn Engine>, CallError> {
+    Ok(match isolation {
+        EngineIsolation::InProcess => Box::new(PluginEngine::load(plugin, desc, settings)?),
+        EngineIsolation::Worker { command, watchdog } => {
+            Box::new(IsolatedEngine::load(command, *watchdog, plugin, desc, settings)?)
+        }
+    })
+}
+
 impl PluginEngine {
     /// Creates an instance of `plugin` and loads the model into it (blocking; seconds for big models).
     pub fn load(plugin: &Arc<Plugin>, desc: &ModelDescriptor, settings: &EngineSettings) -> Result<Self, CallError> {
-        let instance = EngineInstance::create(
-            plugin,
-            &InstanceConfig {
-                slots: settings.slots,
-                threads: settings.threads,
-                context_length: settings.context_length,
-                host_memory_total_bytes: settings.host_memory_total_bytes,
-                ..Default::default()
-            },
-        )?;
+        let instance = EngineInstance::create(plugin, &instance_config(settings))?;
         instance.load_model(&model_spec(desc, settings))?;
-        let mut info = instance.model_info(&desc.name)?;
-        // An engine that does not say how many requests it runs at once runs what it was asked to.
-        info.slots = Some(info.slots.filter(|&n| n > 0).unwrap_or(settings.slots.max(1)));
-        info.architecture = Some(desc.architecture.clone());
+        let info = completed_info(instance.model_info(&desc.name)?, desc, settings);
         Ok(PluginEngine { instance, model_id: desc.name.clone(), info })
     }
 }
@@ -171,5 +221,101 @@ impl Drop for PluginEngine {
         if let Err(e) = self.instance.unload_model(&self.model_id) {
             tracing::warn!(model = %self.model_id, "unload failed: {}", e.message);
         }
+    }
+}
+
+/// One model in an engine worker process of its own.
+pub struct IsolatedEngine {
+    worker: WorkerEngine,
+    info: ModelInfo,
+}
+
+impl IsolatedEngine {
+    /// Starts a worker that opens `plugin`'s folder and loads the model (blocking).
+    pub fn load(
+        command: &WorkerCommand,
+        watchdog: Option<Duration>,
+        plugin: &Arc<Plugin>,
+        desc: &ModelDescriptor,
+        settings: &EngineSettings,
+    ) -> Result<Self, CallError> {
+        let spec = model_spec(desc, settings);
+        let worker = WorkerEngine::spawn(command, &plugin.dir, &instance_config(settings), &spec, watchdog)?;
+        if worker.version() != plugin.info.version {
+            // The files changed since the node read them: what runs is what the worker loaded.
+            tracing::warn!(
+                model = %desc.name,
+                "engine '{}' is {} in the worker but {} in the node",
+                plugin.id(),
+                worker.version(),
+                plugin.info.version
+            );
+        }
+        let info = completed_info(worker.info().clone(), desc, settings);
+        Ok(IsolatedEngine { worker, info })
+    }
+}
+
+impl Engine for IsolatedEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn constrains(&self) -> bool {
+        self.worker.capabilities() & abi::LLMR_CAP_CONSTRAINED != 0
+    }
+
+    fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError> {
+        self.worker.tokenize(text, add_bos, parse_special)
+    }
+
+    fn generate(
+        &self,
+        params: &InferParams<'_>,
+        on_token: &mut dyn FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<InferResult, CallError> {
+        self.worker.infer(params, on_token)
+    }
+
+    fn embed(
+        &self,
+        request_id: u64,
+        inputs: EmbedInputs<'_>,
+        normalize: bool,
+        on_embedding: &mut dyn FnMut(usize, &[f32]) -> bool,
+    ) -> Result<u32, CallError> {
+        self.worker.embed(request_id, inputs, normalize, on_embedding)
+    }
+
+    fn transcribe(
+        &self,
+        params: &TranscribeParams<'_>,
+        on_segment: &mut dyn FnMut(Segment) -> bool,
+    ) -> Result<(), CallError> {
+        self.worker.transcribe(params, on_segment)
+    }
+
+    fn synthesize(
+        &self,
+        params: &SynthesizeParams<'_>,
+        on_audio: &mut dyn FnMut(&[f32], u32) -> bool,
+    ) -> Result<(), CallError> {
+        self.worker.synthesize(params, on_audio)
+    }
+
+    fn cancel(&self, request_id: u64) {
+        self.worker.cancel(request_id);
+    }
+
+    fn metrics(&self) -> Option<serde_json::Value> {
+        self.worker.metrics().ok()
+    }
+
+    fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError> {
+        self.worker.set_config(key, value)
+    }
+
+    fn exit_reason(&self) -> Option<String> {
+        self.worker.exit_reason()
     }
 }

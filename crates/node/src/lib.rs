@@ -29,9 +29,10 @@ pub mod models;
 mod node;
 pub mod prompt;
 
-pub use engine::{Engine, EngineSettings, PluginEngine};
+pub use engine::{Engine, EngineIsolation, EngineSettings, IsolatedEngine, PluginEngine, DEFAULT_WATCHDOG};
 pub use error::NodeError;
 pub use http::health_report;
+pub use llmr_engine_worker::WorkerCommand;
 pub use modality_gate::GateMode;
 pub use models::{total_memory_bytes, LoadSnapshot, ModelManager, ModelPolicy};
 pub use node::{AudioLimits, Node, NodeConfig};

@@ -10,7 +10,7 @@
 //! request drops its `Arc`).
 
 use crate::admission::Admission;
-use crate::engine::{Engine, EngineSettings, PluginEngine};
+use crate::engine::{load_engine, Engine, EngineIsolation, EngineSettings};
 use crate::error::NodeError;
 use crate::modality_gate::{modality_of, GateMode, ModalityGate};
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
@@ -80,6 +80,8 @@ pub struct ModelPolicy {
     pub gate_mode: GateMode,
     /// Loaded models together stay under this (bytes of weights plus an allowance for KV).
     pub memory_budget: u64,
+    /// Where plugins run: in worker processes (crash isolation) or in the node's process.
+    pub isolation: EngineIsolation,
 }
 
 pub struct ModelManager {
@@ -231,17 +233,20 @@ impl ModelManager {
         snapshot
     }
 
-    /// The model, loading it first if needed.
+    /// The model, loading it first if needed (again, when its engine worker ended).
     pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, NodeError> {
         let entry = self.entry(name).ok_or_else(|| NodeError::ModelNotFound(name.to_owned()))?;
-        if let Some(m) = entry.current() {
+        if let Some(m) = entry.current().filter(|m| m.engine.exit_reason().is_none()) {
             m.touch();
             return Ok(m);
         }
         let _loading = entry.loading.lock().await;
         if let Some(m) = entry.current() {
-            m.touch();
-            return Ok(m);
+            if m.engine.exit_reason().is_none() {
+                m.touch();
+                return Ok(m);
+            }
+            entry.loaded.lock().unwrap().take();
         }
         let footprint = estimate_footprint(&entry.desc);
         self.make_room(name, footprint)?;
@@ -252,7 +257,8 @@ impl ModelManager {
             settings.load_options = Some(serde_json::json!({ "kv_policy": policy }));
         }
         let started = Instant::now();
-        let engine = tokio::task::spawn_blocking(move || PluginEngine::load(&plugin, &desc, &settings))
+        let isolation = self.policy.isolation.clone();
+        let engine = tokio::task::spawn_blocking(move || load_engine(&isolation, &plugin, &desc, &settings))
             .await
             .map_err(|e| NodeError::Internal(format!("model load panicked: {e}")))?
             .map_err(|error| NodeError::LoadFailed { model: name.to_owned(), error })?;
@@ -284,7 +290,7 @@ impl ModelManager {
             name: name.to_owned(),
             admission,
             engine_id: entry.plugin.id().to_owned(),
-            engine: Box::new(engine),
+            engine,
             templates,
             footprint,
             first_token_times: Default::default(),
@@ -293,6 +299,25 @@ impl ModelManager {
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
         *entry.loaded.lock().unwrap() = Some(loaded.clone());
         Ok(loaded)
+    }
+
+    /// Reloads every model whose engine worker ended (a crash, or a hang the watchdog ended),
+    /// each in a new worker, so the next request finds it ready; the requests that were on the
+    /// old worker have already failed. Returns how many were reloaded.
+    pub async fn restart_ended(&self) -> usize {
+        let mut restarted = 0;
+        for entry in self.entries() {
+            let Some(m) = entry.current() else { continue };
+            let Some(reason) = m.engine.exit_reason() else { continue };
+            tracing::warn!(model = %m.name, engine = m.engine_id(), "reloading the model: {reason}");
+            metrics::counter!(crate::metrics::ENGINE_RESTARTS, "model" => m.name.clone()).increment(1);
+            drop(m);
+            match self.get(&entry.desc.name).await {
+                Ok(_) => restarted += 1,
+                Err(e) => tracing::error!(model = %entry.desc.name, "reloading after the worker ended failed: {e}"),
+            }
+        }
+        restarted
     }
 
     /// Unloads idle models, least recently used first, until `needed` more bytes fit.

@@ -2,7 +2,7 @@
 
 use crate::cache::GenerationCache;
 use crate::control::{self, ControlState, SharedControl};
-use crate::engine::EngineSettings;
+use crate::engine::{EngineIsolation, EngineSettings};
 use crate::http::{self, AppState, SharedState};
 use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
@@ -43,6 +43,9 @@ pub struct NodeConfig {
     pub metrics_file: Option<PathBuf>,
     /// The KV policy every model starts with (a patch on the baseline, checked at start).
     pub kv_policy: Option<serde_json::Value>,
+    /// Where plugins run. `llmr` runs each model in a worker process (crash isolation); the
+    /// library's default is the node's own process, which needs no worker binary.
+    pub engine_isolation: EngineIsolation,
     pub audio: AudioLimits,
 }
 
@@ -84,6 +87,7 @@ impl Default for NodeConfig {
             control_port: None,
             metrics_file: None,
             kv_policy: None,
+            engine_isolation: EngineIsolation::InProcess,
             audio: AudioLimits::default(),
         }
     }
@@ -125,6 +129,7 @@ impl Node {
             queue_limit: config.queue_limit,
             gate_mode: config.gpu_modality_gate,
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
+            isolation: config.engine_isolation.clone(),
         };
         let models = ModelManager::new(Arc::new(registry), policy);
         if let Some(patch) = &config.kv_policy {
@@ -213,11 +218,27 @@ impl Node {
             }
             None => None,
         };
+        let supervisor = tokio::spawn(supervise(self.state.models.clone()));
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
+        supervisor.abort();
         if let Some(c) = control {
             c.abort();
         }
         served?;
         Ok(())
+    }
+}
+
+/// How often the supervisor looks for engine workers that ended.
+const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The supervisor of engine workers: a model whose worker ended (crash, hang) is reloaded in a
+/// new one at once, not when its next request comes.
+async fn supervise(models: Arc<ModelManager>) {
+    let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        models.restart_ended().await;
     }
 }

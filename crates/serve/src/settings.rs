@@ -16,7 +16,7 @@ use crate::serve::{ServeConfig, DEFAULT_MODEL};
 use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
-use llmr_node::{AudioLimits, GateMode, NodeConfig};
+use llmr_node::{AudioLimits, EngineIsolation, GateMode, NodeConfig, WorkerCommand, DEFAULT_WATCHDOG};
 use llmr_router::{CorsOrigins, DEFAULT_RESPONSES_RETENTION};
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
@@ -79,6 +79,15 @@ pub struct NodeSettings {
     /// engines without KV levels ignore it.
     #[arg(long, env = "LLMR_KV_POLICY")]
     pub kv_policy: Option<String>,
+    /// Where engine plugins run: `process` (default) gives each loaded model a worker process
+    /// of its own, so a plugin crash fails only that model's requests in flight and the model is
+    /// reloaded; `in-process` runs them in the server's process (a crash ends the server).
+    #[arg(long, env = "LLMR_ENGINE_ISOLATION", value_name = "process|in-process")]
+    pub engine_isolation: Option<String>,
+    /// Seconds an engine call may make no progress before it counts as hung: its requests get
+    /// 504 and its worker is restarted (default 30; 0: no watchdog). Needs `process` isolation.
+    #[arg(long, env = "LLMR_ENGINE_WATCHDOG_SECS")]
+    pub engine_watchdog_secs: Option<u64>,
 }
 
 impl NodeSettings {
@@ -107,6 +116,28 @@ impl NodeSettings {
                 message: format!("`{s}` is not auto, on or off"),
             })?,
         };
+        let watchdog = match self.engine_watchdog_secs {
+            None => Some(DEFAULT_WATCHDOG),
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(secs)),
+        };
+        let engine_isolation = match self.engine_isolation.as_deref() {
+            None | Some("process") => EngineIsolation::Worker {
+                // `llmr engine-worker`: this binary is the worker program.
+                command: WorkerCommand::this_binary(&["engine-worker"]).map_err(|e| Error::Setting {
+                    name: "--engine-isolation",
+                    message: format!("cannot find this program to start engine workers: {e}"),
+                })?,
+                watchdog,
+            },
+            Some("in-process") => EngineIsolation::InProcess,
+            Some(other) => {
+                return Err(Error::Setting {
+                    name: "--engine-isolation",
+                    message: format!("`{other}` is not process or in-process"),
+                })
+            }
+        };
         Ok(NodeConfig {
             engines_dir: self.engines_dir.clone().unwrap_or(defaults.engines_dir),
             models: Vec::new(),
@@ -122,6 +153,7 @@ impl NodeSettings {
             control_port: self.control_port,
             metrics_file: self.metrics_file.clone(),
             kv_policy,
+            engine_isolation,
             audio: AudioLimits {
                 max_upload_bytes: self.max_audio_mib.map_or(defaults.audio.max_upload_bytes, |m| m << 20),
                 max_seconds: self.max_audio_seconds.unwrap_or(defaults.audio.max_seconds),
@@ -474,6 +506,8 @@ mod tests {
             "control_port",
             "metrics_file",
             "kv_policy",
+            "engine_isolation",
+            "engine_watchdog_secs",
         ];
         assert_eq!(file_keys(), keys);
     }
@@ -522,6 +556,18 @@ mod tests {
         let err = bad.node.node_config().unwrap_err().to_string();
         assert!(err.contains("--gpu-modality-gate") && err.contains("`maybe`"), "{err}");
         assert_eq!(config.body_limit, 16 << 20);
+        let EngineIsolation::Worker { command, watchdog } = &config.engine_isolation else {
+            panic!("plugins run in worker processes unless told otherwise: {:?}", config.engine_isolation)
+        };
+        assert_eq!((command.args.as_slice(), *watchdog), (&["engine-worker".to_string()][..], Some(DEFAULT_WATCHDOG)));
+        let inline = Flags::try_parse_from(["llmr", "--engine-isolation", "in-process"]).unwrap();
+        assert_eq!(inline.node.node_config().unwrap().engine_isolation, EngineIsolation::InProcess);
+        let no_watchdog = Flags::try_parse_from(["llmr", "--engine-watchdog-secs", "0"]).unwrap();
+        let config = no_watchdog.node.node_config().unwrap();
+        assert!(matches!(config.engine_isolation, EngineIsolation::Worker { watchdog: None, .. }));
+        let bad = Flags::try_parse_from(["llmr", "--engine-isolation", "thread"]).unwrap();
+        let err = bad.node.node_config().unwrap_err().to_string();
+        assert!(err.contains("--engine-isolation") && err.contains("`thread`"), "{err}");
 
         let none = ConfigFile::default().merge(&Flags::try_parse_from(["llmr"]).unwrap().serve).unwrap();
         assert_eq!((none.port, none.no_auth, none.models), (None, false, None));

@@ -26,6 +26,19 @@ pub fn echo_library() -> PathBuf {
     })
 }
 
+/// The `llmr-engine-worker` binary that cargo built next to the running test binary (built by
+/// `cargo build -p llmr-engine-worker`, which `scripts/test` does first).
+pub fn engine_worker_program() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe.parent().and_then(Path::parent).expect("a target profile folder");
+    let program = profile.join(format!("llmr-engine-worker{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        program.is_file(),
+        "the engine worker is missing: run `cargo build -p llmr-engine-worker` before the tests (scripts/test does)"
+    );
+    program
+}
+
 /// The echo plugin's committed manifest.
 pub fn echo_manifest() -> serde_json::Value {
     let path = repo_root().join("engines/echo/cpu/manifest.json");
@@ -37,11 +50,22 @@ pub fn echo_manifest() -> serde_json::Value {
 /// it runs GGUF models of architecture `echo` (see [`gguf_with_architecture`]), with `delay_ms`
 /// between generated tokens (the manifest's `token_delay_ms`). Returns `root`.
 pub fn echo_engines(root: &Path, delay_ms: u64) -> PathBuf {
+    echo_engines_with(root, serde_json::json!({ "token_delay_ms": delay_ms }))
+}
+
+/// [`echo_engines`] whose engine crashes, aborts or hangs on a magic prompt
+/// (`LLMR_CRASH_SEGFAULT`, `LLMR_CRASH_ABORT`, `LLMR_HANG`): only for models run in an engine
+/// worker process, see [`engine_worker_program`].
+pub fn crashing_echo_engines(root: &Path, delay_ms: u64) -> PathBuf {
+    echo_engines_with(root, serde_json::json!({ "token_delay_ms": delay_ms, "crash_on_demand": true }))
+}
+
+fn echo_engines_with(root: &Path, parameters: serde_json::Value) -> PathBuf {
     let dir = root.join("echo").join("cpu");
     std::fs::create_dir_all(&dir).unwrap();
     let mut manifest = echo_manifest();
     manifest["runtimes"] = serde_json::json!(["LlamaCpp"]);
-    manifest["parameters"]["token_delay_ms"] = serde_json::json!(delay_ms);
+    manifest["parameters"] = parameters;
     manifest.as_object_mut().expect("a manifest object").remove("$schema");
     std::fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
     let lib = echo_library();

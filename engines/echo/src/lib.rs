@@ -5,7 +5,10 @@
 //! logprobs, embeddings, runtime settings, errors) can be exercised without model weights. A
 //! prompt containing `PANIC_IN_INFER` panics inside `infer`, to test the panic boundary. The
 //! manifest's `chat_template` parameter, when set, is the template its models report (to test
-//! how the node reads answers of templates such as reasoning models').
+//! how the node reads answers of templates such as reasoning models'). With the parameter
+//! `crash_on_demand` set, a prompt containing `LLMR_CRASH_SEGFAULT`, `LLMR_CRASH_ABORT` or
+//! `LLMR_HANG` makes `infer` write through an invalid pointer, abort the process, or block
+//! forever without progress: the failures an engine worker must contain (issue 16).
 
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
@@ -28,6 +31,7 @@ pub struct EchoEngine {
     tokens_total: AtomicU64,
     started: Instant,
     chat_template: Option<String>,
+    crash_on_demand: bool,
 }
 
 /// A stable token id for a word (FNV-1a), so tokenize and infer agree.
@@ -70,6 +74,7 @@ impl Engine for EchoEngine {
             tokens_total: AtomicU64::new(0),
             started: Instant::now(),
             chat_template: config.params.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned),
+            crash_on_demand: config.params.get("crash_on_demand").and_then(|v| v.as_bool()).unwrap_or(false),
         })
     }
 
@@ -122,6 +127,9 @@ impl Engine for EchoEngine {
         self.require_model(req.model_id)?;
         if req.prompt.contains("PANIC_IN_INFER") {
             panic!("the echo engine was asked to panic");
+        }
+        if self.crash_on_demand {
+            fail_on_demand(req.prompt);
         }
         let cancelled = Arc::new(AtomicBool::new(false));
         self.running.lock().unwrap().insert(req.request_id, cancelled.clone());
@@ -247,6 +255,23 @@ impl EchoEngine {
             prompt_eval_ns: 0,
             generation_ns: start.elapsed().as_nanos() as u64,
         })
+    }
+}
+
+/// The failures of `crash_on_demand`, each as the real thing: a signal from the hardware, an
+/// abort, a call that never returns.
+fn fail_on_demand(prompt: &str) {
+    if prompt.contains("LLMR_CRASH_SEGFAULT") {
+        // SAFETY: none, on purpose: address 8 is never mapped, so this store faults (SIGSEGV).
+        unsafe { std::ptr::without_provenance_mut::<u64>(8).write_volatile(1) };
+    }
+    if prompt.contains("LLMR_CRASH_ABORT") {
+        std::process::abort();
+    }
+    if prompt.contains("LLMR_HANG") {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
     }
 }
 

@@ -2,4 +2,5 @@
 
 mod agent;
 mod http;
+mod isolation;
 mod support;

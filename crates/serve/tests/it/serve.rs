@@ -174,3 +174,85 @@ async fn browsers_may_call_from_this_machines_pages_or_the_origins_given() {
     assert_eq!(pre, None, "named origins replace the loopback default");
     serve.stop().await;
 }
+
+/// Issue 16 under a router: a node whose engine worker crashes answers 500 for the requests it
+/// held, and the router sends each of them to another node, so none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_on_a_node_whose_engine_crashes_are_retried_on_another_node() {
+    let dir = tempfile::tempdir().unwrap();
+    // The router's own node: the plain echo engine, in process.
+    let serve = Serve::start(serve_config(dir.path(), "echo", 0)).await.unwrap();
+    let url = format!("http://{}", serve.addr());
+    // Node b: the same model on an echo engine that aborts on a magic prompt, in a worker.
+    let config = ClusterNodeConfig {
+        node: NodeConfig {
+            engines_dir: llmr_testkit::crashing_echo_engines(&dir.path().join("engines-b"), 0),
+            models: vec![crate::support::echo_model(&dir.path().join("b.gguf"), "echo")],
+            engine_isolation: llmr_node::EngineIsolation::Worker {
+                command: llmr_node::WorkerCommand { program: llmr_testkit::engine_worker_program(), args: vec![] },
+                watchdog: None,
+            },
+            ..NodeConfig::default()
+        },
+        router: url.clone(),
+        token: "any".into(),
+        name: "b".into(),
+        host: "127.0.0.1".into(),
+        port: 0,
+        advertise: None,
+        api_key: None,
+        store: dir.path().join("store-b"),
+    };
+    let mut node = ClusterNode::start(config).await.unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let running = tokio::spawn(async move {
+        let _ = node
+            .run(move |_| {
+                let _ = tx.send(());
+            })
+            .await;
+    });
+    rx.await.unwrap();
+    let client = reqwest::Client::new();
+    // Until the router has seen b report the model ready, it sends nothing there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes: Value = client.get(format!("{url}/v0/nodes")).send().await.unwrap().json().await.unwrap();
+        let b = nodes["data"].as_array().unwrap().iter().find(|n| n["name"] == "b").cloned().unwrap_or_default();
+        if b.to_string().contains("\"echo\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node b never reported the model: {nodes}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Distinct prompts spread over both nodes (prefix affinity); every one that lands on b
+    // crashes its worker there and is retried on the router's own node.
+    let asks: Vec<_> = (0..24)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let body = chat("echo", &format!("question {i} LLMR_CRASH_ABORT"), json!({}));
+                let resp = client.post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+                let status = resp.status();
+                let served_by = resp.headers().get("x-llmr-node").map(|v| v.to_str().unwrap().to_owned());
+                let text: Value = resp.json().await.unwrap();
+                (i, status, served_by, text)
+            })
+        })
+        .collect();
+    for ask in asks {
+        let (i, status, served_by, body) = ask.await.unwrap();
+        assert_eq!(status, 200, "request {i} was lost: {body}");
+        assert_eq!(served_by.as_deref(), Some("local"), "only the router's own node can answer it");
+        let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(content.contains(&format!("question {i}")), "{body}");
+    }
+    let metrics = client.get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let retried = metrics
+        .lines()
+        .any(|l| l.starts_with("llmr_router_retries_total") && l.contains("node=\"b\"") && l.contains("status_5xx"));
+    assert!(retried, "no request reached b and was retried (24 distinct prompts): {metrics}");
+    running.abort();
+    serve.stop().await;
+}

@@ -1,0 +1,174 @@
+//! Crash isolation over HTTP on loopback: each model in an engine worker process of its own
+//! (`llmr-engine-worker`, the real binary), the echo plugin crashing, aborting or hanging on a
+//! magic prompt. A crash or hang fails only the requests on that worker, the model is served
+//! again shortly after, and other models never notice.
+
+use crate::support::{gguf, wait_until};
+use llmr_model_store::ModelDescriptor;
+use llmr_node::{EngineIsolation, Node, NodeConfig, WorkerCommand};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+struct Running {
+    url: String,
+    node_models: std::sync::Arc<llmr_node::ModelManager>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A node on loopback serving echo models `a` and `b` (tokens `delay_ms` apart), each in a
+/// worker, with the watchdog at `watchdog`.
+async fn start(delay_ms: u64, watchdog: Duration) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = llmr_testkit::crashing_echo_engines(&dir.path().join("engines"), delay_ms);
+    let models = ["a", "b"]
+        .iter()
+        .map(|name| {
+            let path = dir.path().join(format!("{name}.gguf"));
+            std::fs::write(&path, gguf("echo", 64)).unwrap();
+            let mut desc = ModelDescriptor::from_gguf_file(&path).unwrap();
+            desc.name = name.to_string();
+            desc
+        })
+        .collect();
+    let node = Node::new(NodeConfig {
+        engines_dir: engines,
+        models,
+        cache_bytes: Some(0),
+        engine_isolation: EngineIsolation::Worker {
+            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
+            watchdog: Some(watchdog),
+        },
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let node_models = node.models().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(node.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    Running { url, node_models, stop: Some(stop), _dir: dir }
+}
+
+fn completion(model: &str, prompt: &str, stream: bool) -> Value {
+    json!({"model": model, "prompt": prompt, "max_tokens": 400, "stream": stream})
+}
+
+async fn post(url: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new().post(format!("{url}/v1/completions")).json(body).send().await.unwrap()
+}
+
+/// A streamed completion read to its end on a task; `first` is told when the first token came.
+fn stream_in_background(
+    url: &str,
+    model: &str,
+    words: usize,
+) -> (tokio::sync::oneshot::Receiver<()>, tokio::task::JoinHandle<Vec<String>>) {
+    let (first_tx, first) = tokio::sync::oneshot::channel();
+    let body = completion(model, &vec!["word"; words].join(" "), true);
+    let url = url.to_owned();
+    let task = tokio::spawn(async move {
+        let mut resp = post(&url, &body).await;
+        assert_eq!(resp.status(), 200);
+        let mut first_tx = Some(first_tx);
+        let mut text = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("\"text\"") {
+                if let Some(tx) = first_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_owned).collect()
+    });
+    (first, task)
+}
+
+async fn ok_answer(url: &str, model: &str) -> String {
+    let resp = post(url, &completion(model, "back again", false)).await;
+    assert_eq!(resp.status(), 200);
+    resp.json::<Value>().await.unwrap()["choices"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// A crash (`magic`) on model `a` while a stream runs on each model.
+async fn crash_is_contained(magic: &str, signal: &str) {
+    let node = start(25, Duration::from_secs(30)).await;
+    // Both models are up (each in its own worker) before anything crashes.
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+    assert_eq!(ok_answer(&node.url, "b").await, "back again");
+    let (a_first, a_stream) = stream_in_background(&node.url, "a", 300);
+    let (b_first, b_stream) = stream_in_background(&node.url, "b", 120);
+    a_first.await.unwrap();
+    b_first.await.unwrap();
+
+    let resp = post(&node.url, &completion("a", &format!("now {magic} please"), false)).await;
+    assert_eq!(resp.status(), 500);
+    let error = resp.json::<Value>().await.unwrap()["error"].clone();
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(signal) && message.contains("'a'"), "{error}");
+
+    // The stream on the crashed worker ends with an error event (then the closing [DONE]).
+    let a_events = a_stream.await.unwrap();
+    let error_at = a_events.iter().position(|e| e.contains("\"error\"")).expect("an error event");
+    assert!(a_events[error_at].contains(signal), "{a_events:?}");
+    assert_eq!(&a_events[error_at + 1..], ["[DONE]"], "nothing after the error but the end: {a_events:?}");
+
+    // The other model's stream never noticed.
+    let b_events = b_stream.await.unwrap();
+    assert_eq!(b_events.last().map(String::as_str), Some("[DONE]"));
+    let b_text: String = b_events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(b_text.split_whitespace().count(), 120, "{b_text:?}");
+
+    // The supervisor reloads `a` in a new worker; a request two seconds later is served.
+    let models = node.node_models.clone();
+    wait_until(30, "model a is loaded again", || {
+        models.loaded().iter().any(|m| m.name == "a" && m.engine.exit_reason().is_none())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segfault_fails_only_its_workers_requests_and_the_model_comes_back() {
+    crash_is_contained("LLMR_CRASH_SEGFAULT", "SIGSEGV").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abort_fails_only_its_workers_requests_and_the_model_comes_back() {
+    crash_is_contained("LLMR_CRASH_ABORT", "SIGABRT").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hang_is_a_504_and_the_model_comes_back() {
+    let node = start(0, Duration::from_secs(1)).await;
+    let resp = post(&node.url, &completion("a", "LLMR_HANG", false)).await;
+    assert_eq!(resp.status(), 504);
+    let error = resp.json::<Value>().await.unwrap()["error"].clone();
+    assert!(error["message"].as_str().unwrap().contains("no progress"), "{error}");
+    // A streamed request that hangs ends with an error event (or a 504 before any byte).
+    let resp = post(&node.url, &completion("a", "LLMR_HANG", true)).await;
+    if resp.status() == 200 {
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("no progress"), "{text}");
+    } else {
+        assert_eq!(resp.status(), 504);
+    }
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+    assert_eq!(ok_answer(&node.url, "b").await, "back again");
+}
