@@ -531,13 +531,28 @@ def die_with_parent():
 
 
 def cpu_jiffies(pid=None):
-    """Busy jiffies of the whole machine, or utime+stime of one process."""
+    """Busy jiffies of the whole machine, or utime+stime of one process and its descendants (llmr
+    runs each model's engine in a worker process of its own: that is the server's CPU too)."""
     if pid is None:
         f = open("/proc/stat").readline().split()[1:]
         v = list(map(int, f))
         return sum(v) - v[3] - v[4]                 # minus idle and iowait
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                f = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue                            # gone meanwhile
+            stats[int(entry)] = (int(f[1]), int(f[11]) + int(f[12]))     # ppid, utime + stime
+    tree, total, grew = {pid}, 0, True
+    while grew:
+        grew = False
+        for p, (ppid, _) in stats.items():
+            if ppid in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(stats[p][1] for p in tree if p in stats)
 
 
 class Server:

@@ -6,9 +6,10 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llmr_engine_host::{
-    load_one, Constraint, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InstanceConfig, Manifest,
-    ModelSpec,
+    load_one, CallError, Constraint, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InferResult,
+    InstanceConfig, Manifest, ModelSpec, TokenEvent,
 };
+use llmr_engine_worker::{WorkerCommand, WorkerEngine};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -51,6 +52,53 @@ struct Args {
     /// `kv_budget_mib`).
     #[arg(long)]
     load_options: Option<String>,
+    /// Drive the plugin in an engine worker process started from this program (`llmr` with
+    /// `--worker-arg engine-worker`, or `llmr-engine-worker`), as `llmr serve` does, instead of
+    /// in this process: what crash isolation costs.
+    #[arg(long)]
+    worker: Option<PathBuf>,
+    #[arg(long)]
+    worker_arg: Vec<String>,
+}
+
+/// The plugin in this process, or in a worker process.
+enum Engine {
+    InProcess(EngineInstance),
+    Worker(Box<WorkerEngine>),
+}
+
+impl Engine {
+    fn infer(
+        &self,
+        params: &InferParams<'_>,
+        mut on_token: impl FnMut(&TokenEvent<'_>) -> bool,
+    ) -> Result<InferResult, CallError> {
+        match self {
+            Engine::InProcess(e) => e.infer(params, on_token),
+            Engine::Worker(w) => w.infer(params, &mut on_token),
+        }
+    }
+
+    fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError> {
+        match self {
+            Engine::InProcess(e) => e.tokenize("m", text, add_bos, parse_special),
+            Engine::Worker(w) => w.tokenize(text, add_bos, parse_special),
+        }
+    }
+
+    fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError> {
+        match self {
+            Engine::InProcess(e) => e.set_config(Some("m"), key, value),
+            Engine::Worker(w) => w.set_config(key, value),
+        }
+    }
+
+    fn metrics(&self) -> Result<serde_json::Value, CallError> {
+        match self {
+            Engine::InProcess(e) => e.metrics(),
+            Engine::Worker(w) => w.metrics(),
+        }
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -75,16 +123,16 @@ fn model_spec(path: &std::path::Path) -> ModelSpec {
 }
 
 /// Text of exactly `n` tokens (BOS included) that shares no prefix with other calls.
-fn prompt_of(engine: &EngineInstance, n: usize, salt: u64) -> Result<String> {
+fn prompt_of(engine: &Engine, n: usize, salt: u64) -> Result<String> {
     let words = ["river", "stone", "light", "paper", "window", "garden", "silver", "market", "winter", "engine"];
     let mut text = format!("{salt}");
     let mut i = salt as usize;
-    while engine.tokenize("m", &text, true, false)?.len() < n {
+    while engine.tokenize(&text, true, false)?.len() < n {
         text.push(' ');
         text.push_str(words[i % words.len()]);
         i = i.wrapping_mul(31).wrapping_add(7);
     }
-    while engine.tokenize("m", &text, true, false)?.len() > n {
+    while engine.tokenize(&text, true, false)?.len() > n {
         text.pop();
     }
     Ok(text)
@@ -96,9 +144,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
+fn run_pp(engine: &Engine, args: &Args) -> Result<serde_json::Value> {
     // llama-bench processes pp tokens in one decode (ubatch 512): match it with the chunk size.
-    engine.set_config(Some("m"), "prefill_chunk", &serde_json::json!(args.pp.max(512)))?;
+    engine.set_config("prefill_chunk", &serde_json::json!(args.pp.max(512)))?;
     let mut rates = Vec::new();
     for rep in 0..args.reps + 1 {
         let prompt = prompt_of(engine, args.pp, 1000 + rep as u64)?;
@@ -112,11 +160,11 @@ fn run_pp(engine: &EngineInstance, args: &Args) -> Result<serde_json::Value> {
             rates.push(evaluated / (r.prompt_eval_ns as f64 / 1e9));
         }
     }
-    engine.set_config(Some("m"), "prefill_chunk", &serde_json::json!(256))?;
+    engine.set_config("prefill_chunk", &serde_json::json!(256))?;
     Ok(serde_json::json!({ "n_prompt": args.pp, "tokens_per_s": median(rates.clone()), "samples": rates }))
 }
 
-fn run_tg(engine: &EngineInstance, args: &Args, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
+fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
     let mut rates = Vec::new();
     for rep in 0..args.reps + 1 {
         let prompt = format!("{rep}");
@@ -138,12 +186,7 @@ fn run_tg(engine: &EngineInstance, args: &Args, constraint: Option<&Constraint>)
 
 /// `n` sequences at once; decode rate = tokens after each sequence's first, over the window from
 /// the first sequence's first token to the last token of all (llama-batched-bench's S_TG).
-fn run_batch(
-    engine: &EngineInstance,
-    args: &Args,
-    n: u32,
-    constraint: Option<&Constraint>,
-) -> Result<serde_json::Value> {
+fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
     let prompts: Vec<String> =
         (0..n).map(|i| prompt_of(engine, args.npp, 50_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
     let mut rates = Vec::new();
@@ -212,19 +255,26 @@ fn main() -> Result<()> {
     let manifest = Manifest::load(&args.plugin, 1).with_context(|| format!("plugin {}", args.plugin.display()))?;
     let plugin = load_one(&args.plugin, manifest, &mut registry)?;
     let slots = args.concurrency.iter().copied().max().unwrap_or(1).max(1);
-    let engine = EngineInstance::create(
-        &plugin,
-        &InstanceConfig { slots, threads: args.threads, context_length: args.ctx, ..Default::default() },
-    )?;
+    let config = InstanceConfig { slots, threads: args.threads, context_length: args.ctx, ..Default::default() };
     let mut spec = model_spec(&args.model);
     if let Some(options) = &args.load_options {
         spec.options = Some(serde_json::from_str(options).context("--load-options is not JSON")?);
     }
-    engine.load_model(&spec)?;
+    let engine = match &args.worker {
+        None => {
+            let engine = EngineInstance::create(&plugin, &config)?;
+            engine.load_model(&spec)?;
+            Engine::InProcess(engine)
+        }
+        Some(program) => {
+            let command = WorkerCommand { program: program.clone(), args: args.worker_arg.clone() };
+            Engine::Worker(Box::new(WorkerEngine::spawn(&command, &args.plugin, &config, &spec, None)?))
+        }
+    };
     let mut out = serde_json::json!({
         "engine": plugin.id(), "engine_version": plugin.manifest.version.to_string(),
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
-        "threads": args.threads, "reps": args.reps,
+        "threads": args.threads, "reps": args.reps, "in_worker_process": args.worker.is_some(),
     });
     let want = |t: &str| args.tests.iter().any(|x| x == t);
     if want("pp") {

@@ -30,6 +30,39 @@ pub struct NodeRegistration {
     /// Runtimes of the node's loaded plugins (`LlamaCpp`, ...).
     pub runtimes: Vec<String>,
     pub version: String,
+    /// Every plugin folder the node found, loaded or not (the router's `GET /v0/engines`).
+    #[serde(default)]
+    pub engines: Vec<EngineReport>,
+}
+
+/// One plugin folder of a node: its manifest and whether the node loaded it (spec 000's engine
+/// info API).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineReport {
+    /// `engine_id/backend`, the folder under the engines directory.
+    pub folder: String,
+    /// The manifest's id and version; empty where the manifest could not be read.
+    pub id: String,
+    pub version: String,
+    /// `loaded`, `refused` (invalid: `reason` says why) or `skipped` (not for this node).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `major.minor` as the loaded binary reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abi: Option<String>,
+    #[serde(default)]
+    pub gpu_backends: Vec<String>,
+    #[serde(default)]
+    pub runtimes: Vec<String>,
+    #[serde(default)]
+    pub formats: Vec<String>,
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    #[serde(default)]
+    pub modalities: Vec<String>,
+    #[serde(default)]
+    pub builtin: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,6 +14,7 @@ use crate::engine::{load_engine, Engine, EngineIsolation, EngineSettings};
 use crate::error::NodeError;
 use crate::modality_gate::{modality_of, GateMode, ModalityGate};
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
+use llmr_cluster::EngineReport;
 use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, ResolveError};
 use llmr_kv_policy::KvPolicy;
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
@@ -93,6 +94,8 @@ pub struct ModelManager {
     /// The KV policy set for the node (`--kv-policy`, `POST /v1/policy`): every model loads
     /// with it, and a change reaches the loaded ones. `None`: each engine's own default.
     kv_policy: RwLock<Option<KvPolicy>>,
+    /// Every plugin folder discovery found, loaded or not (what a router's `/v0/engines` shows).
+    engine_reports: Vec<EngineReport>,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -117,7 +120,19 @@ impl ModelManager {
             policy,
             gate: Arc::default(),
             kv_policy: RwLock::new(None),
+            engine_reports: Vec::new(),
         }
+    }
+
+    /// The catalog with the plugin folders discovery found, for [`Self::engine_reports`].
+    pub fn with_engine_reports(mut self, reports: Vec<EngineReport>) -> Self {
+        self.engine_reports = reports;
+        self
+    }
+
+    /// Every plugin folder the node found, loaded or not, with its manifest.
+    pub fn engine_reports(&self) -> &[EngineReport] {
+        &self.engine_reports
     }
 
     /// The KV policy set for the node, if one was.

@@ -131,7 +131,8 @@ impl Node {
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
             isolation: config.engine_isolation.clone(),
         };
-        let models = ModelManager::new(Arc::new(registry), policy);
+        let models = ModelManager::new(Arc::new(registry), policy)
+            .with_engine_reports(crate::agent::engines::engine_reports(&found));
         if let Some(patch) = &config.kv_policy {
             let policy = llmr_kv_policy::KvPolicy::baseline().patched_json(patch)?;
             models.set_kv_policy(policy);

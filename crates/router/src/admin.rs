@@ -163,6 +163,26 @@ pub async fn list_nodes(State(s): State<Arc<RouterState>>) -> Response {
     Json(json!({ "object": "list", "data": data })).into_response()
 }
 
+/// `GET /v0/engines`: every node's plugin folders, each with its manifest and whether the node
+/// loaded it or why not (spec 000's engine info API).
+pub async fn list_engines(State(s): State<Arc<RouterState>>) -> Response {
+    let timeout = s.nodes.heartbeat_timeout;
+    let data: Vec<_> = s
+        .nodes
+        .all()
+        .iter()
+        .map(|n| {
+            json!({
+                "node_id": n.id,
+                "node": n.name,
+                "healthy": n.is_healthy(timeout),
+                "engines": n.registration.engines,
+            })
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data })).into_response()
+}
+
 pub async fn delete_node(State(s): State<Arc<RouterState>>, Path(id): Path<String>) -> Result<Response> {
     let in_db = s.db.delete_node(&id).map_err(db_error)?;
     let live = s.nodes.remove(&id);

@@ -185,6 +185,7 @@ pub(crate) mod tests {
             gpus: vec![],
             runtimes: vec!["LlamaCpp".into()],
             version: "0".into(),
+            engines: vec![],
         }
     }
 

@@ -72,6 +72,7 @@ impl Router {
             .route("/models", post(admin::register_model))
             .route("/models/{*name}", delete(admin::delete_model))
             .route("/nodes", get(admin::list_nodes))
+            .route("/engines", get(admin::list_engines))
             .route("/nodes/{id}", delete(admin::delete_node))
             .route("/keys", get(admin::list_keys).post(admin::create_key))
             .route("/keys/{id}", delete(admin::revoke_key))

@@ -105,6 +105,7 @@ fn registration(name: &str, url: &str, gpus: bool) -> NodeRegistration {
         },
         runtimes: vec!["LlamaCpp".into()],
         version: "test".into(),
+        engines: vec![],
     }
 }
 

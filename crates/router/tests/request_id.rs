@@ -113,6 +113,7 @@ async fn join(base: &str, name: &str, url: &str, model: &str) {
         gpus: vec![],
         runtimes: vec!["LlamaCpp".into()],
         version: "test".into(),
+        engines: vec![],
     };
     let r = http.post(format!("{base}/v0/nodes")).json(&registration).send().await.unwrap();
     assert_eq!(r.status(), 200);

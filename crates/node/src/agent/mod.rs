@@ -12,6 +12,7 @@
 //!   used in place, then described.
 //! - [`machine`]: host, OS, cores, memory and GPUs.
 
+pub mod engines;
 mod files;
 mod heartbeat;
 pub mod machine;
@@ -122,6 +123,7 @@ impl Agent {
             gpus: machine::gpus(),
             runtimes: models.runtimes(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            engines: models.engine_reports().to_vec(),
         };
         Ok(Agent { config, client, models, registration })
     }

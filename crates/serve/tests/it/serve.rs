@@ -107,6 +107,14 @@ async fn a_cluster_node_registers_with_the_router_and_stops() {
     let names: Vec<&str> = nodes["data"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
     assert!(names.contains(&"b") && names.contains(&"local"), "{nodes}");
     assert!(nodes["data"].as_array().unwrap().iter().any(|n| n["id"] == id.as_str()), "{nodes}");
+    // The engine info API: each node's plugin folders, with their manifests and state.
+    let engines: Value = reqwest::get(format!("{url}/v0/engines")).await.unwrap().json().await.unwrap();
+    let b = engines["data"].as_array().unwrap().iter().find(|n| n["node"] == "b").expect("node b");
+    assert_eq!(b["node_id"], id.as_str());
+    let echo = &b["engines"][0];
+    assert_eq!((&echo["folder"], &echo["id"], &echo["state"]), (&json!("echo/cpu"), &json!("echo"), &json!("loaded")));
+    assert_eq!((&echo["version"], &echo["formats"]), (&json!("0.1.0"), &json!(["gguf"])), "{echo}");
+    assert!(echo["abi"].as_str().unwrap().starts_with("1."), "{echo}");
 
     let started = Instant::now();
     node.stop().await;
