@@ -23,6 +23,7 @@ pub mod engine;
 mod error;
 pub mod generation;
 mod http;
+pub mod memory_guard;
 pub mod metrics;
 pub mod modality_gate;
 pub mod models;

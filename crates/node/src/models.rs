@@ -335,6 +335,22 @@ impl ModelManager {
         restarted
     }
 
+    /// Unloads the least recently used idle model (nothing running or queued); returns its name.
+    pub fn unload_least_recently_used(&self) -> Option<String> {
+        let victim = self
+            .entries()
+            .into_iter()
+            .filter_map(|entry| {
+                let m = entry.current()?;
+                let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
+                let last = *m.last_used.lock().unwrap();
+                idle.then_some((entry, last))
+            })
+            .min_by_key(|(_, last)| *last)?;
+        let unloaded = victim.0.loaded.lock().unwrap().take()?;
+        Some(unloaded.name.clone())
+    }
+
     /// Unloads idle models, least recently used first, until `needed` more bytes fit.
     fn make_room(&self, loading: &str, needed: u64) -> Result<(), NodeError> {
         loop {

@@ -4,6 +4,7 @@ use crate::cache::GenerationCache;
 use crate::control::{self, ControlState, SharedControl};
 use crate::engine::{EngineIsolation, EngineSettings};
 use crate::http::{self, AppState, SharedState};
+use crate::memory_guard::{MemoryGuard, MemoryProbe};
 use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
 use anyhow::{bail, Result};
@@ -46,6 +47,9 @@ pub struct NodeConfig {
     /// Where plugins run. `llmr` runs each model in a worker process (crash isolation); the
     /// library's default is the node's own process, which needs no worker binary.
     pub engine_isolation: EngineIsolation,
+    /// Where the memory guard reads memory in use (past 90% it unloads idle models); by
+    /// default this machine's RAM.
+    pub memory_probe: MemoryProbe,
     pub audio: AudioLimits,
 }
 
@@ -88,6 +92,7 @@ impl Default for NodeConfig {
             metrics_file: None,
             kv_policy: None,
             engine_isolation: EngineIsolation::InProcess,
+            memory_probe: MemoryProbe::host(),
             audio: AudioLimits::default(),
         }
     }
@@ -95,6 +100,7 @@ impl Default for NodeConfig {
 
 pub struct Node {
     state: SharedState,
+    memory_probe: MemoryProbe,
     control: SharedControl,
     control_port: Option<u16>,
     metrics_file: Option<PathBuf>,
@@ -160,7 +166,13 @@ impl Node {
         });
         crate::metrics::handle();
         let control = ControlState::new(state.models.clone());
-        Ok(Node { state, control, control_port: config.control_port, metrics_file: config.metrics_file })
+        Ok(Node {
+            state,
+            memory_probe: config.memory_probe,
+            control,
+            control_port: config.control_port,
+            metrics_file: config.metrics_file,
+        })
     }
 
     /// The control API (spec 002), for a loopback listener of its own.
@@ -219,7 +231,8 @@ impl Node {
             }
             None => None,
         };
-        let supervisor = tokio::spawn(supervise(self.state.models.clone()));
+        let supervisor =
+            tokio::spawn(supervise(self.state.models.clone(), MemoryGuard::new(self.memory_probe.clone())));
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         supervisor.abort();
         if let Some(c) = control {
@@ -233,13 +246,15 @@ impl Node {
 /// How often the supervisor looks for engine workers that ended.
 const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The supervisor of engine workers: a model whose worker ended (crash, hang) is reloaded in a
-/// new one at once, not when its next request comes.
-async fn supervise(models: Arc<ModelManager>) {
+/// The supervisor: a model whose engine worker ended (crash, hang) is reloaded in a new one at
+/// once, not when its next request comes; and the memory guard unloads idle models when memory
+/// runs short.
+async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard) {
     let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         models.restart_ended().await;
+        guard.check(&models);
     }
 }

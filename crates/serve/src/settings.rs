@@ -159,6 +159,7 @@ impl NodeSettings {
                 max_seconds: self.max_audio_seconds.unwrap_or(defaults.audio.max_seconds),
                 max_speech_chars: self.max_speech_chars.unwrap_or(defaults.audio.max_speech_chars),
             },
+            memory_probe: defaults.memory_probe,
         })
     }
 }

@@ -27,6 +27,11 @@ impl Drop for Running {
 /// A node on loopback serving echo models `a` and `b` (tokens `delay_ms` apart), each in a
 /// worker, with the watchdog at `watchdog`.
 async fn start(delay_ms: u64, watchdog: Duration) -> Running {
+    start_with(delay_ms, watchdog, llmr_node::memory_guard::MemoryProbe(std::sync::Arc::new(|| None))).await
+}
+
+/// [`start`] with the memory guard reading `probe`.
+async fn start_with(delay_ms: u64, watchdog: Duration, memory_probe: llmr_node::memory_guard::MemoryProbe) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let engines = llmr_testkit::crashing_echo_engines(&dir.path().join("engines"), delay_ms);
     let models = ["a", "b"]
@@ -47,6 +52,7 @@ async fn start(delay_ms: u64, watchdog: Duration) -> Running {
             command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
             watchdog: Some(watchdog),
         },
+        memory_probe,
         ..NodeConfig::default()
     })
     .unwrap();
@@ -171,4 +177,34 @@ async fn a_hang_is_a_504_and_the_model_comes_back() {
     }
     assert_eq!(ok_answer(&node.url, "a").await, "back again");
     assert_eq!(ok_answer(&node.url, "b").await, "back again");
+}
+
+/// Spec 000's memory guard: past 90% of memory in use, the least recently used idle model is
+/// unloaded (its worker ends), one at a time, and nothing more once memory is back under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_pressure_unloads_the_least_recently_used_idle_model() {
+    let pressure = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let pressure = pressure.clone();
+        llmr_node::memory_guard::MemoryProbe(std::sync::Arc::new(move || {
+            Some(if pressure.load(std::sync::atomic::Ordering::SeqCst) { 0.95 } else { 0.5 })
+        }))
+    };
+    let node = start_with(0, Duration::from_secs(30), probe).await;
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+    assert_eq!(ok_answer(&node.url, "b").await, "back again");
+    let loaded = |m: &std::sync::Arc<llmr_node::ModelManager>| -> Vec<String> {
+        m.loaded().iter().map(|l| l.name.clone()).collect()
+    };
+    assert_eq!(loaded(&node.node_models), ["a", "b"]);
+
+    pressure.store(true, std::sync::atomic::Ordering::SeqCst);
+    let models = node.node_models.clone();
+    wait_until(30, "a (used before b) is unloaded", || loaded(&models) == ["b"]).await;
+    pressure.store(false, std::sync::atomic::Ordering::SeqCst);
+    // Memory is back under the mark before the guard looks again: b stays.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(loaded(&models), ["b"]);
+    // An unloaded model loads again on its next request.
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
 }

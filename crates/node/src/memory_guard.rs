@@ -1,0 +1,97 @@
+//! The memory guard of spec 000: when the machine's memory in use passes 90%, idle models are
+//! unloaded, least recently used first, one at a time (each unload ends a worker process, whose
+//! memory the kernel takes back before the next reading), before the kernel's out-of-memory
+//! killer picks a victim itself. The node's supervisor runs it with the engine watchdog.
+
+use crate::models::ModelManager;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The share of memory in use past which idle models are unloaded (spec 000).
+pub const MEMORY_HIGH_WATER: f64 = 0.9;
+
+/// How long after an unload the guard waits before it reads memory again: the time a worker
+/// takes to exit and give its memory back.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// Where the guard reads the share of memory in use (0..1); `None`: unknown, nothing is done.
+#[derive(Clone)]
+pub struct MemoryProbe(pub Arc<dyn Fn() -> Option<f64> + Send + Sync>);
+
+impl MemoryProbe {
+    /// This machine's RAM: `1 - MemAvailable / MemTotal` from `/proc/meminfo`.
+    pub fn host() -> MemoryProbe {
+        MemoryProbe(Arc::new(host_memory_used))
+    }
+
+    fn read(&self) -> Option<f64> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for MemoryProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryProbe")
+    }
+}
+
+/// `1 - MemAvailable / MemTotal` (what the kernel could hand out without swapping, against all).
+pub fn host_memory_used() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let (total, available) = (field("MemTotal:")?, field("MemAvailable:")?);
+    (total > 0.0).then(|| 1.0 - available / total)
+}
+
+/// The guard's state between supervisor ticks.
+#[derive(Debug)]
+pub struct MemoryGuard {
+    probe: MemoryProbe,
+    /// No decision before this (after an unload, or after a warning that nothing was idle).
+    quiet_until: Instant,
+}
+
+impl MemoryGuard {
+    pub fn new(probe: MemoryProbe) -> Self {
+        MemoryGuard { probe, quiet_until: Instant::now() }
+    }
+
+    /// One look at memory; unloads at most one idle model. Returns the model unloaded.
+    pub fn check(&mut self, models: &ModelManager) -> Option<String> {
+        if Instant::now() < self.quiet_until {
+            return None;
+        }
+        let used = self.probe.read()?;
+        if used <= MEMORY_HIGH_WATER {
+            return None;
+        }
+        let percent = (used * 100.0).round();
+        match models.unload_least_recently_used() {
+            Some(name) => {
+                tracing::warn!(model = %name, "memory {percent}% in use: unloaded the least recently used idle model");
+                metrics::counter!(crate::metrics::MEMORY_UNLOADS, "model" => name.clone()).increment(1);
+                self.quiet_until = Instant::now() + SETTLE;
+                Some(name)
+            }
+            None => {
+                tracing::warn!("memory {percent}% in use and no idle model to unload");
+                self.quiet_until = Instant::now() + Duration::from_secs(30);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_machines_memory_reads_as_a_share() {
+        let used = host_memory_used().expect("/proc/meminfo on Linux");
+        assert!((0.0..=1.0).contains(&used), "{used}");
+    }
+}
