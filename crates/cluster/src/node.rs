@@ -114,6 +114,10 @@ pub struct Heartbeat {
     pub models: Vec<ModelStatus>,
     #[serde(default)]
     pub gpus: Vec<GpuInfo>,
+    /// The node's plugin folders now (a plugin may have been reloaded since registration);
+    /// empty from a node that does not report them: the registration's stand.
+    #[serde(default)]
+    pub engines: Vec<EngineReport>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -60,10 +60,33 @@ impl Plugin {
     /// host's ABI and the manifest.
     pub fn open(dir: &Path, manifest: Manifest) -> Result<Arc<Plugin>, ManifestError> {
         let path = dir.join(&manifest.binary);
-        let invalid = |reason: String| ManifestError::Invalid { path: path.clone(), reason };
+        Self::open_file(dir, manifest, &path, &path)
+    }
+
+    /// [`Plugin::open`] for a new version of a plugin this process has open already (hot
+    /// reload): the dynamic loader hands back the library it has for a path it has loaded,
+    /// whatever the file there is now, so the new file is opened through a hard link of its own
+    /// in the same folder, removed once open. A folder that takes no link (read-only) is an error.
+    pub fn open_again(dir: &Path, manifest: Manifest) -> Result<Arc<Plugin>, ManifestError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let path = dir.join(&manifest.binary);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let link = dir.join(format!(".{}.reload-{}-{n}", manifest.binary, std::process::id()));
+        std::fs::hard_link(&path, &link).map_err(|e| ManifestError::Invalid {
+            path: path.clone(),
+            reason: format!("cannot open a new version beside the loaded one (a link in the folder: {e})"),
+        })?;
+        let opened = Self::open_file(dir, manifest, &link, &path);
+        let _ = std::fs::remove_file(&link);
+        opened
+    }
+
+    /// Opens the library at `file` (`path` in messages).
+    fn open_file(dir: &Path, manifest: Manifest, file: &Path, path: &Path) -> Result<Arc<Plugin>, ManifestError> {
+        let invalid = |reason: String| ManifestError::Invalid { path: path.to_path_buf(), reason };
         // SAFETY: loading a library runs its initialisers; plugins are trusted code by design
         // (spec: in-process engines), and the folder was validated first.
-        let library = unsafe { libloading::Library::new(&path) }.map_err(|e| invalid(format!("cannot load: {e}")))?;
+        let library = unsafe { libloading::Library::new(file) }.map_err(|e| invalid(format!("cannot load: {e}")))?;
 
         macro_rules! sym {
             ($name:expr, $ty:ty) => {{

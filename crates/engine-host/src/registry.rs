@@ -67,6 +67,17 @@ impl EngineRegistry {
         Ok(())
     }
 
+    /// This registry with `plugin` in the place of the plugin of its id (a new version of it,
+    /// hot reloaded), or added last when none has that id.
+    pub fn with_replaced(&self, plugin: Arc<Plugin>) -> EngineRegistry {
+        let mut plugins = self.plugins.clone();
+        match plugins.iter().position(|p| p.id() == plugin.id()) {
+            Some(i) => plugins[i] = plugin,
+            None => plugins.push(plugin),
+        }
+        EngineRegistry { plugins }
+    }
+
     /// Removes a plugin; the library closes once the last instance using it is gone.
     pub fn unregister(&mut self, engine_id: &str) -> Option<Arc<Plugin>> {
         let i = self.plugins.iter().position(|p| p.id() == engine_id)?;

@@ -7,8 +7,8 @@
 //! that owns one), so another kind of engine would only implement this trait.
 
 use llmr_engine_host::{
-    abi, CallError, EmbedInputs, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo, ModelSpec,
-    Plugin, Segment, SynthesizeParams, TokenEvent, TranscribeParams,
+    abi, CallError, Capability, EmbedInputs, EngineInstance, InferParams, InferResult, InstanceConfig, ModelInfo,
+    ModelSpec, Plugin, Segment, SynthesizeParams, TokenEvent, TranscribeParams,
 };
 use llmr_engine_worker::{WorkerCommand, WorkerEngine};
 use llmr_model_store::ModelDescriptor;
@@ -123,7 +123,17 @@ fn instance_config(settings: &EngineSettings) -> InstanceConfig {
 }
 
 /// What the engine reported, with the node's defaults filled in.
-fn completed_info(mut info: ModelInfo, desc: &ModelDescriptor, settings: &EngineSettings) -> ModelInfo {
+fn completed_info(
+    mut info: ModelInfo,
+    plugin: &Plugin,
+    desc: &ModelDescriptor,
+    settings: &EngineSettings,
+) -> ModelInfo {
+    // An engine that does not say what this model serves (every key of `model_info` is optional:
+    // the C template reports none) serves what its manifest declares.
+    if info.capabilities.is_empty() {
+        info.capabilities = plugin.manifest.modalities.iter().filter_map(|m| Capability::parse(m)).collect();
+    }
     // An engine that does not say how many requests it runs at once runs what it was asked to.
     info.slots = Some(info.slots.filter(|&n| n > 0).unwrap_or(settings.slots.max(1)));
     info.architecture = Some(desc.architecture.clone());
@@ -150,7 +160,7 @@ impl PluginEngine {
     pub fn load(plugin: &Arc<Plugin>, desc: &ModelDescriptor, settings: &EngineSettings) -> Result<Self, CallError> {
         let instance = EngineInstance::create(plugin, &instance_config(settings))?;
         instance.load_model(&model_spec(desc, settings))?;
-        let info = completed_info(instance.model_info(&desc.name)?, desc, settings);
+        let info = completed_info(instance.model_info(&desc.name)?, plugin, desc, settings);
         Ok(PluginEngine { instance, model_id: desc.name.clone(), info })
     }
 }
@@ -251,7 +261,7 @@ impl IsolatedEngine {
                 plugin.info.version
             );
         }
-        let info = completed_info(worker.info().clone(), desc, settings);
+        let info = completed_info(worker.info().clone(), plugin, desc, settings);
         Ok(IsolatedEngine { worker, info })
     }
 }

@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod modality_gate;
 pub mod models;
 mod node;
+pub mod plugin_reload;
 pub mod prompt;
 
 pub use engine::{Engine, EngineIsolation, EngineSettings, IsolatedEngine, PluginEngine, DEFAULT_WATCHDOG};

@@ -24,6 +24,7 @@ pub const PREFIX_CACHE_BYTES: &str = "llmr_prefix_cache_bytes";
 pub const MODEL_LOADS: &str = "llmr_model_loads_total";
 pub const ENGINE_RESTARTS: &str = "llmr_engine_worker_restarts_total";
 pub const MEMORY_UNLOADS: &str = "llmr_memory_pressure_unloads_total";
+pub const PLUGIN_RELOADS: &str = "llmr_engine_plugin_reloads_total";
 pub const KV_BYTES: &str = "llmr_kv_cache_bytes";
 pub const KV_BUDGET_BYTES: &str = "llmr_kv_cache_budget_bytes";
 pub const KV_LEVEL_BLOCKS: &str = "llmr_kv_level_blocks";
@@ -97,6 +98,7 @@ fn describe() {
         "Host memory holding saved prompt prefixes (idle KV caches), by model"
     );
     metrics::describe_counter!(MODEL_LOADS, "Model loads, by model");
+    metrics::describe_counter!(PLUGIN_RELOADS, "Engine plugins replaced by a new version while serving, by engine");
     metrics::describe_counter!(
         MEMORY_UNLOADS,
         "Idle models unloaded because memory in use passed 90% (spec 000), by model"

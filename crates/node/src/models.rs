@@ -50,6 +50,8 @@ pub struct LoadedModel {
     /// Recent times to the first token (the control API's `ftl_ms` and `p95_ms`).
     pub first_token_times: crate::metrics::RecentTimes,
     engine_id: String,
+    /// The plugin's version (its manifest's, which its binary confirmed at load).
+    pub engine_version: String,
     last_used: Mutex<Instant>,
 }
 
@@ -87,15 +89,17 @@ pub struct ModelPolicy {
 
 pub struct ModelManager {
     entries: RwLock<BTreeMap<String, Arc<CatalogEntry>>>,
-    registry: Arc<EngineRegistry>,
+    /// Replaced as a whole when a plugin is reloaded (`switch_plugin`).
+    registry: RwLock<Arc<EngineRegistry>>,
     policy: ModelPolicy,
     /// One modality at a time on the device, for the models `policy.gate_mode` names.
     gate: Arc<ModalityGate>,
     /// The KV policy set for the node (`--kv-policy`, `POST /v1/policy`): every model loads
     /// with it, and a change reaches the loaded ones. `None`: each engine's own default.
     kv_policy: RwLock<Option<KvPolicy>>,
-    /// Every plugin folder discovery found, loaded or not (what a router's `/v0/engines` shows).
-    engine_reports: Vec<EngineReport>,
+    /// Every plugin folder discovery found, loaded or not (what a router's `/v0/engines` shows),
+    /// kept up to date when a plugin is reloaded.
+    engine_reports: RwLock<Vec<EngineReport>>,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -116,23 +120,23 @@ impl ModelManager {
     pub fn new(registry: Arc<EngineRegistry>, policy: ModelPolicy) -> Self {
         ModelManager {
             entries: RwLock::new(BTreeMap::new()),
-            registry,
+            registry: RwLock::new(registry),
             policy,
             gate: Arc::default(),
             kv_policy: RwLock::new(None),
-            engine_reports: Vec::new(),
+            engine_reports: RwLock::default(),
         }
     }
 
     /// The catalog with the plugin folders discovery found, for [`Self::engine_reports`].
-    pub fn with_engine_reports(mut self, reports: Vec<EngineReport>) -> Self {
-        self.engine_reports = reports;
+    pub fn with_engine_reports(self, reports: Vec<EngineReport>) -> Self {
+        *self.engine_reports.write().unwrap() = reports;
         self
     }
 
     /// Every plugin folder the node found, loaded or not, with its manifest.
-    pub fn engine_reports(&self) -> &[EngineReport] {
-        &self.engine_reports
+    pub fn engine_reports(&self) -> Vec<EngineReport> {
+        self.engine_reports.read().unwrap().clone()
     }
 
     /// The KV policy set for the node, if one was.
@@ -153,14 +157,15 @@ impl ModelManager {
         }
     }
 
-    pub fn registry(&self) -> &Arc<EngineRegistry> {
-        &self.registry
+    /// The plugins the node runs now.
+    pub fn registry(&self) -> Arc<EngineRegistry> {
+        self.registry.read().unwrap().clone()
     }
 
     /// The runtimes of the loaded plugins (`LlamaCpp`, ...), sorted, each once.
     pub fn runtimes(&self) -> Vec<String> {
         let mut all: Vec<String> =
-            self.registry.plugins().iter().flat_map(|p| p.manifest.runtimes.iter().cloned()).collect();
+            self.registry().plugins().iter().flat_map(|p| p.manifest.runtimes.iter().cloned()).collect();
         all.sort();
         all.dedup();
         all
@@ -169,7 +174,7 @@ impl ModelManager {
     /// The plugin that would run a model of this format and architecture, known before any
     /// file of it is read (a router's manifest says both).
     pub fn engine_for(&self, format: Format, architecture: &str) -> Result<Arc<Plugin>, ResolveError> {
-        self.registry.resolve(&ModelRequirements {
+        self.registry().resolve(&ModelRequirements {
             runtime: Some(runtime_for(format, architecture)),
             format: format.as_str(),
             architecture,
@@ -188,7 +193,7 @@ impl ModelManager {
             architecture: &desc.architecture,
             scores: None,
         };
-        let plugin = match self.registry.resolve(&req) {
+        let plugin = match self.registry().resolve(&req) {
             Ok(plugin) => plugin,
             Err(e) => {
                 self.remove(&desc.name);
@@ -255,6 +260,12 @@ impl ModelManager {
             m.touch();
             return Ok(m);
         }
+        self.load_entry(&entry).await
+    }
+
+    /// Loads `entry`'s model unless it is loaded (and its engine alive), once however many ask.
+    async fn load_entry(&self, entry: &Arc<CatalogEntry>) -> Result<Arc<LoadedModel>, NodeError> {
+        let name = entry.desc.name.as_str();
         let _loading = entry.loading.lock().await;
         if let Some(m) = entry.current() {
             if m.engine.exit_reason().is_none() {
@@ -305,6 +316,7 @@ impl ModelManager {
             name: name.to_owned(),
             admission,
             engine_id: entry.plugin.id().to_owned(),
+            engine_version: entry.plugin.manifest.version.to_string(),
             engine,
             templates,
             footprint,
@@ -314,6 +326,48 @@ impl ModelManager {
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
         *entry.loaded.lock().unwrap() = Some(loaded.clone());
         Ok(loaded)
+    }
+
+    /// Runs `new` in place of `old` (a new version of the same engine, hot reloaded): the
+    /// registry takes it for models resolved from now on, and each model `old` runs is loaded
+    /// with `new` beside the old one (shadow load), then takes the new requests; the old engine
+    /// finishes the requests it holds and is unloaded after the last. A model whose new load
+    /// fails stays on `old` (logged). Returns how many models moved.
+    pub async fn switch_plugin(&self, old: &Arc<Plugin>, new: Arc<Plugin>) -> usize {
+        {
+            let mut registry = self.registry.write().unwrap();
+            *registry = Arc::new(registry.with_replaced(new.clone()));
+        }
+        for report in
+            self.engine_reports.write().unwrap().iter_mut().filter(|r| r.state == "loaded" && r.id == new.id())
+        {
+            report.version = new.manifest.version.to_string();
+            report.abi = Some(format!("{}.{}", new.info.abi_major, new.info.abi_minor));
+        }
+        let mut moved = 0;
+        for entry in self.entries().into_iter().filter(|e| Arc::ptr_eq(&e.plugin, old)) {
+            let name = entry.desc.name.clone();
+            let next = Arc::new(CatalogEntry {
+                desc: entry.desc.clone(),
+                plugin: new.clone(),
+                created: entry.created,
+                loaded: Mutex::new(None),
+                loading: tokio::sync::Mutex::new(()),
+            });
+            if entry.current().is_some() {
+                if let Err(e) = self.load_entry(&next).await {
+                    tracing::error!(model = %name, "the new version of engine '{}' did not load; the old keeps serving: {e}", new.id());
+                    continue;
+                }
+            }
+            let mut entries = self.entries.write().unwrap();
+            // Unless the catalog replaced or removed the entry meanwhile.
+            if entries.get(&name).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+                entries.insert(name, next);
+                moved += 1;
+            }
+        }
+        moved
     }
 
     /// Reloads every model whose engine worker ended (a crash, or a hang the watchdog ended),

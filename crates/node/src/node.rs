@@ -7,6 +7,7 @@ use crate::http::{self, AppState, SharedState};
 use crate::memory_guard::{MemoryGuard, MemoryProbe};
 use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
+use crate::plugin_reload::PluginWatcher;
 use anyhow::{bail, Result};
 use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
 use llmr_model_store::ModelDescriptor;
@@ -247,14 +248,16 @@ impl Node {
 const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The supervisor: a model whose engine worker ended (crash, hang) is reloaded in a new one at
-/// once, not when its next request comes; and the memory guard unloads idle models when memory
-/// runs short.
+/// once, not when its next request comes; the memory guard unloads idle models when memory runs
+/// short; and a plugin whose folder holds a new version is reloaded (`plugin_reload.rs`).
 async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard) {
     let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut plugins = PluginWatcher::default();
     loop {
         tick.tick().await;
         models.restart_ended().await;
         guard.check(&models);
+        plugins.check(&models).await;
     }
 }

@@ -176,7 +176,7 @@ pub async fn list_engines(State(s): State<Arc<RouterState>>) -> Response {
                 "node_id": n.id,
                 "node": n.name,
                 "healthy": n.is_healthy(timeout),
-                "engines": n.registration.engines,
+                "engines": n.engines(),
             })
         })
         .collect();

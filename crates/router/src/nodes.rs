@@ -6,7 +6,7 @@
 //! until a heartbeat arrives after the failure). The database keeps who registered; this table
 //! keeps what is true now and is rebuilt from heartbeats after a router restart.
 
-use llmr_cluster::{Heartbeat, ModelState, ModelStatus, NodeLoad, NodeRegistration};
+use llmr_cluster::{EngineReport, Heartbeat, ModelState, ModelStatus, NodeLoad, NodeRegistration};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -30,6 +30,8 @@ struct NodeState {
     last_heartbeat: Instant,
     load: NodeLoad,
     models: HashMap<String, ModelStatus>,
+    /// The node's plugin folders: the registration's, then the last heartbeat's.
+    engines: Vec<EngineReport>,
     /// Set by a failed proxy attempt, cleared by the next heartbeat.
     failed_at: Option<Instant>,
 }
@@ -71,6 +73,11 @@ impl LiveNode {
         self.state().models.get(name).cloned()
     }
 
+    /// The node's plugin folders as it last reported them.
+    pub fn engines(&self) -> Vec<EngineReport> {
+        self.state().engines.clone()
+    }
+
     pub fn models(&self) -> Vec<ModelStatus> {
         let mut v: Vec<_> = self.state().models.values().cloned().collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -103,13 +110,14 @@ impl NodeTable {
             name: registration.name.clone(),
             url: registration.url.trim_end_matches('/').to_string(),
             secret: registration.secret.clone(),
-            registration,
             state: Mutex::new(NodeState {
                 last_heartbeat: Instant::now(),
                 load: NodeLoad::default(),
                 models: HashMap::new(),
+                engines: registration.engines.clone(),
                 failed_at: None,
             }),
+            registration,
             outstanding: AtomicU32::new(0),
         });
         self.nodes.write().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), node.clone());
@@ -124,6 +132,9 @@ impl NodeTable {
         s.failed_at = None;
         s.load = hb.load;
         s.models = hb.models.into_iter().map(|m| (m.name.clone(), m)).collect();
+        if !hb.engines.is_empty() {
+            s.engines = hb.engines;
+        }
         true
     }
 
@@ -203,6 +214,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             gpus: vec![],
+            engines: vec![],
         }
     }
 

@@ -120,6 +120,7 @@ fn ready(model: &str) -> Heartbeat {
             capabilities: vec!["text".into()],
         }],
         gpus: vec![],
+        engines: vec![],
     }
 }
 

@@ -128,6 +128,7 @@ async fn join(base: &str, name: &str, url: &str, model: &str) {
             capabilities: vec![],
         }],
         gpus: vec![],
+        engines: vec![],
     };
     let r = http.post(format!("{base}/v0/nodes/{id}/heartbeat")).json(&heartbeat).send().await.unwrap();
     assert_eq!(r.status(), 200);

@@ -90,3 +90,29 @@ pub fn gguf_with_architecture(arch: &str, filler: usize) -> Vec<u8> {
     out.resize(out.len().div_ceil(32) * 32 + filler, 0x5a);
     out
 }
+
+/// Compiles the C template plugin (`sdk/c/template/echo_engine.c`) into `out_dir` with the
+/// system C compiler and extra flags (`-DECHO_VERSION="0.2.0"`, `-DECHO_ABI_MAJOR=2`, ...).
+pub fn build_c_template(out_dir: &Path, extra_flags: &[&str]) -> PathBuf {
+    let lib = out_dir.join("libllmr_c_echo.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = std::process::Command::new(&cc)
+        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden"])
+        .args(extra_flags)
+        .arg("-I")
+        .arg(repo_root().join("sdk/c/include"))
+        .arg(repo_root().join("sdk/c/template/echo_engine.c"))
+        .arg("-o")
+        .arg(&lib)
+        .arg("-lpthread")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(out.status.success(), "C template failed to build:\n{}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+/// The C template's committed manifest.
+pub fn c_template_manifest() -> serde_json::Value {
+    let path = repo_root().join("sdk/c/template/manifest.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}

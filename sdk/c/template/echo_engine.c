@@ -27,13 +27,16 @@
 #include <sys/stat.h>
 #include <time.h>
 
-/* Tests build variants with another major version or id to check that the host refuses or
- * tells them apart. */
+/* Tests build variants with another major version, id or version to check that the host
+ * refuses them, tells them apart, or replaces one version with the next while serving. */
 #ifndef ECHO_ABI_MAJOR
 #define ECHO_ABI_MAJOR LLMR_ENGINE_ABI_MAJOR
 #endif
 #ifndef ECHO_ENGINE_ID
 #define ECHO_ENGINE_ID "c_echo"
+#endif
+#ifndef ECHO_VERSION
+#define ECHO_VERSION "0.1.0"
 #endif
 
 #define MAX_MODELS 16
@@ -69,7 +72,7 @@ static llmr_status fail(const llmr_engine *e, llmr_status code, const char *fmt,
 }
 
 static const llmr_engine_info INFO = {
-    sizeof(llmr_engine_info), ECHO_ABI_MAJOR, LLMR_ENGINE_ABI_MINOR, LLMR_CAP_TEXT, ECHO_ENGINE_ID, "0.1.0",
+    sizeof(llmr_engine_info), ECHO_ABI_MAJOR, LLMR_ENGINE_ABI_MINOR, LLMR_CAP_TEXT, ECHO_ENGINE_ID, ECHO_VERSION,
 };
 
 LLMR_EXPORT const llmr_engine_info *llmr_engine_get_info(void) { return &INFO; }

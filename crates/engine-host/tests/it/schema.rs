@@ -1,6 +1,6 @@
 //! The published JSON Schema agrees with the manifests we ship and with the validator.
 
-use crate::support::REPO;
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 use llmr_engine_host::MANIFEST_SCHEMA_PATH;
 
 fn schema() -> jsonschema::Validator {

@@ -114,6 +114,7 @@ impl Heartbeats<'_> {
             },
             models,
             gpus,
+            engines: self.models.engine_reports(),
         }
     }
 }

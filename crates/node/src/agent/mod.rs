@@ -123,7 +123,7 @@ impl Agent {
             gpus: machine::gpus(),
             runtimes: models.runtimes(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            engines: models.engine_reports().to_vec(),
+            engines: models.engine_reports(),
         };
         Ok(Agent { config, client, models, registration })
     }

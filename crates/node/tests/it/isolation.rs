@@ -7,6 +7,7 @@ use crate::support::{gguf, wait_until};
 use llmr_model_store::ModelDescriptor;
 use llmr_node::{EngineIsolation, Node, NodeConfig, WorkerCommand};
 use serde_json::{json, Value};
+use std::sync::Mutex;
 use std::time::Duration;
 
 struct Running {
@@ -103,8 +104,10 @@ fn stream_in_background(
 
 async fn ok_answer(url: &str, model: &str) -> String {
     let resp = post(url, &completion(model, "back again", false)).await;
-    assert_eq!(resp.status(), 200);
-    resp.json::<Value>().await.unwrap()["choices"][0]["text"].as_str().unwrap().to_owned()
+    let status = resp.status();
+    let body = resp.json::<Value>().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body["choices"][0]["text"].as_str().unwrap().to_owned()
 }
 
 /// A crash (`magic`) on model `a` while a stream runs on each model.
@@ -207,4 +210,110 @@ async fn memory_pressure_unloads_the_least_recently_used_idle_model() {
     assert_eq!(loaded(&models), ["b"]);
     // An unloaded model loads again on its next request.
     assert_eq!(ok_answer(&node.url, "a").await, "back again");
+}
+
+/// Writes `contents` to `path` by renaming a sibling into place, as one installs a plugin.
+fn replace_file(path: &std::path::Path, contents: &[u8]) {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The C template plugin (`-D` flags), built and installed into `plugin_dir` with its manifest
+/// declaring `version`.
+fn install_c_echo(plugin_dir: &std::path::Path, version: &str, flags: &[&str]) {
+    let build = tempfile::tempdir().unwrap();
+    let lib = llmr_testkit::build_c_template(build.path(), flags);
+    let mut manifest = llmr_testkit::c_template_manifest();
+    manifest["runtimes"] = json!(["LlamaCpp"]);
+    manifest["version"] = json!(version);
+    std::fs::create_dir_all(plugin_dir).unwrap();
+    replace_file(&plugin_dir.join("libllmr_c_echo.so"), &std::fs::read(lib).unwrap());
+    replace_file(&plugin_dir.join("manifest.json"), &serde_json::to_vec_pretty(&manifest).unwrap());
+}
+
+/// Spec 003's hot reload under load: requests at concurrency 8 while the plugin's folder gets a
+/// new version; none fails and the new version serves afterwards. Then an ABI-incompatible
+/// version is refused and the one before keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_plugin_version_takes_over_under_load_and_no_request_fails() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("engines/c_echo/cpu");
+    install_c_echo(&plugin_dir, "0.1.0", &[]);
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, gguf("echo", 64)).unwrap();
+    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
+    desc.name = "m".into();
+    let node = Node::new(NodeConfig {
+        engines_dir: dir.path().join("engines"),
+        models: vec![desc],
+        cache_bytes: Some(0),
+        engine_isolation: EngineIsolation::Worker {
+            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
+            watchdog: Some(Duration::from_secs(30)),
+        },
+        memory_probe: llmr_node::memory_guard::MemoryProbe(Arc::new(|| None)),
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let models = node.models().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(node.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let expected = ok_answer(&url, "m").await;
+    let version_of_m = |models: &Arc<llmr_node::ModelManager>| {
+        models.loaded().iter().find(|m| m.name == "m").map(|m| m.engine_version.clone())
+    };
+    assert_eq!(version_of_m(&models).as_deref(), Some("0.1.0"));
+
+    // Eight clients, each sending requests one after another until the new version has served
+    // for a while and 200 requests are done.
+    let (done, failed, switched) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, done, failed, switched, expected) =
+                (url.clone(), done.clone(), failed.clone(), switched.clone(), expected.clone());
+            tokio::spawn(async move {
+                let mut after_switch = 0;
+                while after_switch < 10 || done.load(Ordering::SeqCst) < 200 {
+                    let resp = post(&url, &completion("m", "back again", false)).await;
+                    let status = resp.status();
+                    let body: Value = resp.json().await.unwrap_or_default();
+                    if status != 200 || body["choices"][0]["text"] != expected.as_str() {
+                        failed.lock().unwrap().push(format!("{status}: {body}"));
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                    if switched.load(Ordering::SeqCst) {
+                        after_switch += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_until(60, "40 requests are done", || done.load(Ordering::SeqCst) >= 40).await;
+    install_c_echo(&plugin_dir, "0.2.0", &["-DECHO_VERSION=\"0.2.0\""]);
+    wait_until(60, "the new version serves m", || version_of_m(&models).as_deref() == Some("0.2.0")).await;
+    switched.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert!(done.load(Ordering::SeqCst) >= 200);
+    assert_eq!(*failed.lock().unwrap(), Vec::<String>::new(), "requests failed during the reload");
+    assert_eq!(models.registry().get("c_echo").unwrap().info.version, "0.2.0");
+    // What the node reports to a router (`GET /v0/engines`, through heartbeats).
+    let reports = models.engine_reports();
+    assert_eq!((reports[0].id.as_str(), reports[0].version.as_str()), ("c_echo", "0.2.0"), "{reports:?}");
+
+    // A version built for another ABI major is refused; 0.2.0 keeps serving.
+    install_c_echo(&plugin_dir, "0.3.0", &["-DECHO_VERSION=\"0.3.0\"", "-DECHO_ABI_MAJOR=2"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(version_of_m(&models).as_deref(), Some("0.2.0"));
+    assert_eq!(models.registry().get("c_echo").unwrap().info.version, "0.2.0");
+    assert_eq!(ok_answer(&url, "m").await, expected);
 }
