@@ -36,5 +36,5 @@ pub use error::NodeError;
 pub use http::health_report;
 pub use llmr_engine_worker::WorkerCommand;
 pub use modality_gate::GateMode;
-pub use models::{total_memory_bytes, LoadSnapshot, ModelManager, ModelPolicy};
+pub use models::{total_memory_bytes, LoadSnapshot, ModelManager, ModelPolicy, RestartPolicy};
 pub use node::{AudioLimits, Node, NodeConfig};

@@ -19,6 +19,7 @@ use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, Re
 use llmr_kv_policy::KvPolicy;
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -53,11 +54,16 @@ pub struct LoadedModel {
     /// The plugin's version (its manifest's, which its binary confirmed at load).
     pub engine_version: String,
     last_used: Mutex<Instant>,
+    /// When the engine was loaded, and the requests that used it since (periodic restarts).
+    pub loaded_at: Instant,
+    pub requests: AtomicU64,
 }
 
 impl LoadedModel {
+    /// Called once per request that uses the model.
     pub fn touch(&self) {
         *self.last_used.lock().unwrap() = Instant::now();
+        self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Fails unless the model can do what a request needs.
@@ -73,6 +79,14 @@ impl LoadedModel {
     pub fn engine_id(&self) -> &str {
         &self.engine_id
     }
+}
+
+/// When a loaded model is restarted in a new engine (spec 003's periodic restart); both `None`:
+/// never.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestartPolicy {
+    pub after: Option<std::time::Duration>,
+    pub after_requests: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -322,6 +336,8 @@ impl ModelManager {
             footprint,
             first_token_times: Default::default(),
             last_used: Mutex::new(Instant::now()),
+            loaded_at: Instant::now(),
+            requests: AtomicU64::new(0),
         });
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
         *entry.loaded.lock().unwrap() = Some(loaded.clone());
@@ -346,28 +362,70 @@ impl ModelManager {
         }
         let mut moved = 0;
         for entry in self.entries().into_iter().filter(|e| Arc::ptr_eq(&e.plugin, old)) {
-            let name = entry.desc.name.clone();
-            let next = Arc::new(CatalogEntry {
-                desc: entry.desc.clone(),
-                plugin: new.clone(),
-                created: entry.created,
-                loaded: Mutex::new(None),
-                loading: tokio::sync::Mutex::new(()),
-            });
-            if entry.current().is_some() {
-                if let Err(e) = self.load_entry(&next).await {
-                    tracing::error!(model = %name, "the new version of engine '{}' did not load; the old keeps serving: {e}", new.id());
-                    continue;
-                }
-            }
-            let mut entries = self.entries.write().unwrap();
-            // Unless the catalog replaced or removed the entry meanwhile.
-            if entries.get(&name).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
-                entries.insert(name, next);
-                moved += 1;
+            match self.shadow_swap(&entry, new.clone()).await {
+                Ok(swapped) => moved += usize::from(swapped),
+                Err(e) => tracing::error!(
+                    model = %entry.desc.name,
+                    "the new version of engine '{}' did not load; the old keeps serving: {e}",
+                    new.id()
+                ),
             }
         }
         moved
+    }
+
+    /// Replaces `entry` with a new entry of `plugin` for the same model: loaded first when the
+    /// old one is loaded (beside it), then swapped in, so new requests go to the new engine
+    /// while the old finishes the requests it holds and is unloaded after the last. Returns
+    /// whether it swapped (not when the catalog replaced or removed the entry meanwhile).
+    async fn shadow_swap(&self, entry: &Arc<CatalogEntry>, plugin: Arc<Plugin>) -> Result<bool, NodeError> {
+        let next = Arc::new(CatalogEntry {
+            desc: entry.desc.clone(),
+            plugin,
+            created: entry.created,
+            loaded: Mutex::new(None),
+            loading: tokio::sync::Mutex::new(()),
+        });
+        if entry.current().is_some() {
+            self.load_entry(&next).await?;
+        }
+        let mut entries = self.entries.write().unwrap();
+        let name = &entry.desc.name;
+        if entries.get(name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            entries.insert(name.clone(), next);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Periodic restart (spec 003): each loaded model that has been loaded longer than
+    /// `policy.after` or has served more than `policy.after_requests` requests is loaded again
+    /// in a new engine the shadow way (no request dropped). Returns how many restarted.
+    pub async fn restart_aged(&self, policy: &RestartPolicy) -> usize {
+        if policy.after.is_none() && policy.after_requests.is_none() {
+            return 0;
+        }
+        let mut restarted = 0;
+        for entry in self.entries() {
+            let Some(m) = entry.current() else { continue };
+            let aged = policy.after.is_some_and(|a| m.loaded_at.elapsed() >= a)
+                || policy.after_requests.is_some_and(|n| m.requests.load(Ordering::Relaxed) >= n);
+            if !aged {
+                continue;
+            }
+            drop(m);
+            match self.shadow_swap(&entry, entry.plugin.clone()).await {
+                Ok(true) => {
+                    tracing::info!(model = %entry.desc.name, "periodic restart: the model runs in a new engine");
+                    restarted += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(model = %entry.desc.name, "periodic restart failed; the old engine keeps serving: {e}")
+                }
+            }
+        }
+        restarted
     }
 
     /// Reloads every model whose engine worker ended (a crash, or a hang the watchdog ended),

@@ -6,7 +6,7 @@ use crate::engine::{EngineIsolation, EngineSettings};
 use crate::http::{self, AppState, SharedState};
 use crate::memory_guard::{MemoryGuard, MemoryProbe};
 use crate::modality_gate::GateMode;
-use crate::models::{total_memory_bytes, ModelManager, ModelPolicy};
+use crate::models::{total_memory_bytes, ModelManager, ModelPolicy, RestartPolicy};
 use crate::plugin_reload::PluginWatcher;
 use anyhow::{bail, Result};
 use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
@@ -51,6 +51,9 @@ pub struct NodeConfig {
     /// Where the memory guard reads memory in use (past 90% it unloads idle models); by
     /// default this machine's RAM.
     pub memory_probe: MemoryProbe,
+    /// Loaded models are restarted in a new engine after this long or this many requests
+    /// (spec 003; the shadow way, no request dropped); by default never.
+    pub engine_restart: RestartPolicy,
     pub audio: AudioLimits,
 }
 
@@ -94,6 +97,7 @@ impl Default for NodeConfig {
             kv_policy: None,
             engine_isolation: EngineIsolation::InProcess,
             memory_probe: MemoryProbe::host(),
+            engine_restart: RestartPolicy::default(),
             audio: AudioLimits::default(),
         }
     }
@@ -102,6 +106,7 @@ impl Default for NodeConfig {
 pub struct Node {
     state: SharedState,
     memory_probe: MemoryProbe,
+    engine_restart: RestartPolicy,
     control: SharedControl,
     control_port: Option<u16>,
     metrics_file: Option<PathBuf>,
@@ -170,6 +175,7 @@ impl Node {
         Ok(Node {
             state,
             memory_probe: config.memory_probe,
+            engine_restart: config.engine_restart,
             control,
             control_port: config.control_port,
             metrics_file: config.metrics_file,
@@ -232,8 +238,8 @@ impl Node {
             }
             None => None,
         };
-        let supervisor =
-            tokio::spawn(supervise(self.state.models.clone(), MemoryGuard::new(self.memory_probe.clone())));
+        let guard = MemoryGuard::new(self.memory_probe.clone());
+        let supervisor = tokio::spawn(supervise(self.state.models.clone(), guard, self.engine_restart));
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         supervisor.abort();
         if let Some(c) = control {
@@ -249,8 +255,9 @@ const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 
 /// The supervisor: a model whose engine worker ended (crash, hang) is reloaded in a new one at
 /// once, not when its next request comes; the memory guard unloads idle models when memory runs
-/// short; and a plugin whose folder holds a new version is reloaded (`plugin_reload.rs`).
-async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard) {
+/// short; a plugin whose folder holds a new version is reloaded (`plugin_reload.rs`); and models
+/// due for their periodic restart get a new engine.
+async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard, restart: RestartPolicy) {
     let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut plugins = PluginWatcher::default();
@@ -259,5 +266,6 @@ async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard) {
         models.restart_ended().await;
         guard.check(&models);
         plugins.check(&models).await;
+        models.restart_aged(&restart).await;
     }
 }

@@ -16,7 +16,7 @@ use crate::serve::{ServeConfig, DEFAULT_MODEL};
 use crate::Error;
 use clap::Args;
 use llmr_model_store::{ModelDescriptor, ModelStore};
-use llmr_node::{AudioLimits, EngineIsolation, GateMode, NodeConfig, WorkerCommand, DEFAULT_WATCHDOG};
+use llmr_node::{AudioLimits, EngineIsolation, GateMode, NodeConfig, RestartPolicy, WorkerCommand, DEFAULT_WATCHDOG};
 use llmr_router::{CorsOrigins, DEFAULT_RESPONSES_RETENTION};
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde::{Deserialize, Serialize};
@@ -88,6 +88,13 @@ pub struct NodeSettings {
     /// 504 and its worker is restarted (default 30; 0: no watchdog). Needs `process` isolation.
     #[arg(long, env = "LLMR_ENGINE_WATCHDOG_SECS")]
     pub engine_watchdog_secs: Option<u64>,
+    /// Restart each loaded model in a new engine after it has been loaded this many hours (the
+    /// new one loads beside the old, which finishes its requests; none is dropped). Default: never.
+    #[arg(long, env = "LLMR_ENGINE_RESTART_HOURS")]
+    pub engine_restart_hours: Option<f64>,
+    /// The same, after this many requests. Default: never.
+    #[arg(long, env = "LLMR_ENGINE_RESTART_REQUESTS")]
+    pub engine_restart_requests: Option<u64>,
 }
 
 impl NodeSettings {
@@ -138,6 +145,23 @@ impl NodeSettings {
                 })
             }
         };
+        let engine_restart = RestartPolicy {
+            after: match self.engine_restart_hours {
+                Some(h) if !(h > 0.0 && h.is_finite()) => {
+                    return Err(Error::Setting {
+                        name: "--engine-restart-hours",
+                        message: format!("{h} is not a positive number of hours"),
+                    })
+                }
+                h => h.map(|h| Duration::from_secs_f64(h * 3600.0)),
+            },
+            after_requests: match self.engine_restart_requests {
+                Some(0) => {
+                    return Err(Error::Setting { name: "--engine-restart-requests", message: "0 requests".into() })
+                }
+                n => n,
+            },
+        };
         Ok(NodeConfig {
             engines_dir: self.engines_dir.clone().unwrap_or(defaults.engines_dir),
             models: Vec::new(),
@@ -160,6 +184,7 @@ impl NodeSettings {
                 max_speech_chars: self.max_speech_chars.unwrap_or(defaults.audio.max_speech_chars),
             },
             memory_probe: defaults.memory_probe,
+            engine_restart,
         })
     }
 }
@@ -509,6 +534,8 @@ mod tests {
             "kv_policy",
             "engine_isolation",
             "engine_watchdog_secs",
+            "engine_restart_hours",
+            "engine_restart_requests",
         ];
         assert_eq!(file_keys(), keys);
     }
@@ -566,6 +593,16 @@ mod tests {
         let no_watchdog = Flags::try_parse_from(["llmr", "--engine-watchdog-secs", "0"]).unwrap();
         let config = no_watchdog.node.node_config().unwrap();
         assert!(matches!(config.engine_isolation, EngineIsolation::Worker { watchdog: None, .. }));
+        assert_eq!(config.engine_restart, RestartPolicy::default(), "no periodic restart unless asked");
+        let restart =
+            Flags::try_parse_from(["llmr", "--engine-restart-hours", "0.5", "--engine-restart-requests", "1000"])
+                .unwrap();
+        assert_eq!(
+            restart.node.node_config().unwrap().engine_restart,
+            RestartPolicy { after: Some(Duration::from_secs(1800)), after_requests: Some(1000) }
+        );
+        let bad = Flags::try_parse_from(["llmr", "--engine-restart-hours=-1"]).unwrap();
+        assert!(bad.node.node_config().unwrap_err().to_string().contains("--engine-restart-hours"));
         let bad = Flags::try_parse_from(["llmr", "--engine-isolation", "thread"]).unwrap();
         let err = bad.node.node_config().unwrap_err().to_string();
         assert!(err.contains("--engine-isolation") && err.contains("`thread`"), "{err}");

@@ -5,7 +5,7 @@
 
 use crate::support::{gguf, wait_until};
 use llmr_model_store::ModelDescriptor;
-use llmr_node::{EngineIsolation, Node, NodeConfig, WorkerCommand};
+use llmr_node::{EngineIsolation, Node, NodeConfig, RestartPolicy, WorkerCommand};
 use serde_json::{json, Value};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,11 +28,22 @@ impl Drop for Running {
 /// A node on loopback serving echo models `a` and `b` (tokens `delay_ms` apart), each in a
 /// worker, with the watchdog at `watchdog`.
 async fn start(delay_ms: u64, watchdog: Duration) -> Running {
-    start_with(delay_ms, watchdog, llmr_node::memory_guard::MemoryProbe(std::sync::Arc::new(|| None))).await
+    start_with(
+        delay_ms,
+        watchdog,
+        llmr_node::memory_guard::MemoryProbe(std::sync::Arc::new(|| None)),
+        RestartPolicy::default(),
+    )
+    .await
 }
 
 /// [`start`] with the memory guard reading `probe`.
-async fn start_with(delay_ms: u64, watchdog: Duration, memory_probe: llmr_node::memory_guard::MemoryProbe) -> Running {
+async fn start_with(
+    delay_ms: u64,
+    watchdog: Duration,
+    memory_probe: llmr_node::memory_guard::MemoryProbe,
+    engine_restart: RestartPolicy,
+) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let engines = llmr_testkit::crashing_echo_engines(&dir.path().join("engines"), delay_ms);
     let models = ["a", "b"]
@@ -54,6 +65,7 @@ async fn start_with(delay_ms: u64, watchdog: Duration, memory_probe: llmr_node::
             watchdog: Some(watchdog),
         },
         memory_probe,
+        engine_restart,
         ..NodeConfig::default()
     })
     .unwrap();
@@ -193,7 +205,7 @@ async fn memory_pressure_unloads_the_least_recently_used_idle_model() {
             Some(if pressure.load(std::sync::atomic::Ordering::SeqCst) { 0.95 } else { 0.5 })
         }))
     };
-    let node = start_with(0, Duration::from_secs(30), probe).await;
+    let node = start_with(0, Duration::from_secs(30), probe, RestartPolicy::default()).await;
     assert_eq!(ok_answer(&node.url, "a").await, "back again");
     assert_eq!(ok_answer(&node.url, "b").await, "back again");
     let loaded = |m: &std::sync::Arc<llmr_node::ModelManager>| -> Vec<String> {
@@ -316,4 +328,45 @@ async fn a_new_plugin_version_takes_over_under_load_and_no_request_fails() {
     assert_eq!(version_of_m(&models).as_deref(), Some("0.2.0"));
     assert_eq!(models.registry().get("c_echo").unwrap().info.version, "0.2.0");
     assert_eq!(ok_answer(&url, "m").await, expected);
+}
+
+/// Spec 003's periodic restart: after every 20 requests a model gets a new engine worker, loaded
+/// beside the old one; clients sending all along see no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn periodic_restarts_drop_no_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let restart = RestartPolicy { after: None, after_requests: Some(20) };
+    let node =
+        start_with(20, Duration::from_secs(30), llmr_node::memory_guard::MemoryProbe(Arc::new(|| None)), restart).await;
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, failed, done) = (node.url.clone(), failed.clone(), done.clone());
+            tokio::spawn(async move {
+                while done.fetch_add(1, Ordering::SeqCst) < 120 {
+                    let resp = post(&url, &completion("a", "one two three four", false)).await;
+                    let status = resp.status();
+                    let body: Value = resp.json().await.unwrap_or_default();
+                    if status != 200 || body["choices"][0]["text"] != "one two three four" {
+                        failed.lock().unwrap().push(format!("{status}: {body}"));
+                    }
+                }
+            })
+        })
+        .collect();
+    // Each engine `a` had while the clients ran, by when it was loaded.
+    let mut engines = std::collections::BTreeSet::new();
+    while !clients.iter().all(|c| c.is_finished()) {
+        if let Some(m) = node.node_models.loaded().iter().find(|m| m.name == "a") {
+            engines.insert(m.loaded_at);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert_eq!(*failed.lock().unwrap(), Vec::<String>::new());
+    assert!(engines.len() >= 3, "120 requests, a restart every 20: saw {} engines", engines.len());
 }
