@@ -13,6 +13,9 @@ use crate::admission::Admission;
 use crate::engine::{load_engine, Engine, EngineIsolation, EngineSettings};
 use crate::error::NodeError;
 use crate::modality_gate::{modality_of, GateMode, ModalityGate};
+
+mod lifecycle;
+pub use lifecycle::RestartPolicy;
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
 use llmr_cluster::EngineReport;
 use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, ResolveError};
@@ -79,14 +82,6 @@ impl LoadedModel {
     pub fn engine_id(&self) -> &str {
         &self.engine_id
     }
-}
-
-/// When a loaded model is restarted in a new engine (spec 003's periodic restart); both `None`:
-/// never.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RestartPolicy {
-    pub after: Option<std::time::Duration>,
-    pub after_requests: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -342,125 +337,6 @@ impl ModelManager {
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
         *entry.loaded.lock().unwrap() = Some(loaded.clone());
         Ok(loaded)
-    }
-
-    /// Runs `new` in place of `old` (a new version of the same engine, hot reloaded): the
-    /// registry takes it for models resolved from now on, and each model `old` runs is loaded
-    /// with `new` beside the old one (shadow load), then takes the new requests; the old engine
-    /// finishes the requests it holds and is unloaded after the last. A model whose new load
-    /// fails stays on `old` (logged). Returns how many models moved.
-    pub async fn switch_plugin(&self, old: &Arc<Plugin>, new: Arc<Plugin>) -> usize {
-        {
-            let mut registry = self.registry.write().unwrap();
-            *registry = Arc::new(registry.with_replaced(new.clone()));
-        }
-        for report in
-            self.engine_reports.write().unwrap().iter_mut().filter(|r| r.state == "loaded" && r.id == new.id())
-        {
-            report.version = new.manifest.version.to_string();
-            report.abi = Some(format!("{}.{}", new.info.abi_major, new.info.abi_minor));
-        }
-        let mut moved = 0;
-        for entry in self.entries().into_iter().filter(|e| Arc::ptr_eq(&e.plugin, old)) {
-            match self.shadow_swap(&entry, new.clone()).await {
-                Ok(swapped) => moved += usize::from(swapped),
-                Err(e) => tracing::error!(
-                    model = %entry.desc.name,
-                    "the new version of engine '{}' did not load; the old keeps serving: {e}",
-                    new.id()
-                ),
-            }
-        }
-        moved
-    }
-
-    /// Replaces `entry` with a new entry of `plugin` for the same model: loaded first when the
-    /// old one is loaded (beside it), then swapped in, so new requests go to the new engine
-    /// while the old finishes the requests it holds and is unloaded after the last. Returns
-    /// whether it swapped (not when the catalog replaced or removed the entry meanwhile).
-    async fn shadow_swap(&self, entry: &Arc<CatalogEntry>, plugin: Arc<Plugin>) -> Result<bool, NodeError> {
-        let next = Arc::new(CatalogEntry {
-            desc: entry.desc.clone(),
-            plugin,
-            created: entry.created,
-            loaded: Mutex::new(None),
-            loading: tokio::sync::Mutex::new(()),
-        });
-        if entry.current().is_some() {
-            self.load_entry(&next).await?;
-        }
-        let mut entries = self.entries.write().unwrap();
-        let name = &entry.desc.name;
-        if entries.get(name).is_some_and(|e| Arc::ptr_eq(e, entry)) {
-            entries.insert(name.clone(), next);
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
-    /// Periodic restart (spec 003): each loaded model that has been loaded longer than
-    /// `policy.after` or has served more than `policy.after_requests` requests is loaded again
-    /// in a new engine the shadow way (no request dropped). Returns how many restarted.
-    pub async fn restart_aged(&self, policy: &RestartPolicy) -> usize {
-        if policy.after.is_none() && policy.after_requests.is_none() {
-            return 0;
-        }
-        let mut restarted = 0;
-        for entry in self.entries() {
-            let Some(m) = entry.current() else { continue };
-            let aged = policy.after.is_some_and(|a| m.loaded_at.elapsed() >= a)
-                || policy.after_requests.is_some_and(|n| m.requests.load(Ordering::Relaxed) >= n);
-            if !aged {
-                continue;
-            }
-            drop(m);
-            match self.shadow_swap(&entry, entry.plugin.clone()).await {
-                Ok(true) => {
-                    tracing::info!(model = %entry.desc.name, "periodic restart: the model runs in a new engine");
-                    restarted += 1;
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(model = %entry.desc.name, "periodic restart failed; the old engine keeps serving: {e}")
-                }
-            }
-        }
-        restarted
-    }
-
-    /// Reloads every model whose engine worker ended (a crash, or a hang the watchdog ended),
-    /// each in a new worker, so the next request finds it ready; the requests that were on the
-    /// old worker have already failed. Returns how many were reloaded.
-    pub async fn restart_ended(&self) -> usize {
-        let mut restarted = 0;
-        for entry in self.entries() {
-            let Some(m) = entry.current() else { continue };
-            let Some(reason) = m.engine.exit_reason() else { continue };
-            tracing::warn!(model = %m.name, engine = m.engine_id(), "reloading the model: {reason}");
-            metrics::counter!(crate::metrics::ENGINE_RESTARTS, "model" => m.name.clone()).increment(1);
-            drop(m);
-            match self.get(&entry.desc.name).await {
-                Ok(_) => restarted += 1,
-                Err(e) => tracing::error!(model = %entry.desc.name, "reloading after the worker ended failed: {e}"),
-            }
-        }
-        restarted
-    }
-
-    /// Unloads the least recently used idle model (nothing running or queued); returns its name.
-    pub fn unload_least_recently_used(&self) -> Option<String> {
-        let victim = self
-            .entries()
-            .into_iter()
-            .filter_map(|entry| {
-                let m = entry.current()?;
-                let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
-                let last = *m.last_used.lock().unwrap();
-                idle.then_some((entry, last))
-            })
-            .min_by_key(|(_, last)| *last)?;
-        let unloaded = victim.0.loaded.lock().unwrap().take()?;
-        Some(unloaded.name.clone())
     }
 
     /// Unloads idle models, least recently used first, until `needed` more bytes fit.
