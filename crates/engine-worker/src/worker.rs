@@ -131,11 +131,20 @@ pub fn serve(stream: UnixStream) -> i32 {
                     tracing::warn!(model = %worker.model_id, "unload failed: {}", e.message);
                 }
                 // Destroying the instance is the plugin's last call; then the process ends
-                // (threads a plugin left behind must not keep it alive).
-                match Arc::try_unwrap(worker) {
-                    Ok(worker) => drop(worker),
-                    Err(_) => tracing::warn!("calls still running at shutdown; ending without destroy"),
+                // (threads a plugin left behind must not keep it alive). A call thread that has
+                // just sent its last reply may hold the worker a moment longer.
+                let mut worker = worker;
+                for _ in 0..100 {
+                    match Arc::try_unwrap(worker) {
+                        Ok(only) => {
+                            drop(only);
+                            std::process::exit(0);
+                        }
+                        Err(shared) => worker = shared,
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
                 }
+                tracing::warn!("calls still running at shutdown; ending without destroy");
                 std::process::exit(0);
             }
             Request::Load { .. } => {
