@@ -14,8 +14,8 @@ pub mod paths;
 
 pub use manifest::{ManifestFile, ModelFormat, ModelManifest, ModelSource, RegisterModel};
 pub use node::{
-    EngineReport, GpuInfo, Heartbeat, HeartbeatAck, MachineInfo, ModelState, ModelStatus, NodeLoad, NodeRegistered,
-    NodeRegistration,
+    EngineBenchmark, EngineReport, GpuInfo, Heartbeat, HeartbeatAck, MachineInfo, ModelState, ModelStatus, NodeLoad,
+    NodeRegistered, NodeRegistration,
 };
 pub use paths::{check_model_name, check_relative_path, PathProblem};
 

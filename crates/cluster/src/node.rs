@@ -98,6 +98,30 @@ pub struct ModelStatus {
     /// a newer node knows and it does not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
+    /// The engine (plugin id) the node runs the model with, once it has its files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// The node's benchmarks of the model, one per engine that can run it (spec 000: they
+    /// decide among several); none when only one engine can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub benchmarks: Vec<EngineBenchmark>,
+}
+
+/// A short benchmark of one model with one engine on one node (spec 000: the engine choice
+/// among plugins that can run the same model weighs these three figures).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineBenchmark {
+    pub engine_id: String,
+    pub engine_version: String,
+    /// Generated tokens per second after the first (embedding models: prompt tokens per second).
+    pub tokens_per_second: f64,
+    /// Milliseconds from the request to its first token (embedding models: to the vector).
+    pub ttft_ms: f64,
+    /// The most memory the engine held: its worker's peak resident set, or what the engine
+    /// reported where it runs in the node's process.
+    pub peak_memory_bytes: u64,
+    /// Unix seconds.
+    pub measured_at: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

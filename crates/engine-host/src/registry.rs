@@ -92,10 +92,8 @@ impl EngineRegistry {
         all
     }
 
-    /// Picks the plugin for a model: the highest benchmark score for it, else a third-party
-    /// plugin before a built-in one, else the first registered (with a warning when there was
-    /// a choice).
-    pub fn resolve(&self, req: &ModelRequirements<'_>) -> Result<Arc<Plugin>, ResolveError> {
+    /// Every plugin that can run a model, in registration order; an error says why none can.
+    pub fn candidates(&self, req: &ModelRequirements<'_>) -> Result<Vec<Arc<Plugin>>, ResolveError> {
         let by_format: Vec<&Arc<Plugin>> = self
             .plugins
             .iter()
@@ -108,10 +106,10 @@ impl EngineRegistry {
                 runtime: req.runtime.map(str::to_string),
             });
         }
-        let candidates: Vec<&Arc<Plugin>> = by_format
+        let candidates: Vec<Arc<Plugin>> = by_format
             .iter()
-            .copied()
             .filter(|p| p.manifest.architectures.iter().any(|a| same(a, req.architecture)))
+            .map(|p| (*p).clone())
             .collect();
         if candidates.is_empty() {
             return Err(ResolveError::UnsupportedArchitecture(
@@ -128,6 +126,14 @@ impl EngineRegistry {
                     .collect(),
             ));
         }
+        Ok(candidates)
+    }
+
+    /// Picks the plugin for a model: the highest benchmark score for it, else a third-party
+    /// plugin before a built-in one, else the first registered (with a warning when there was
+    /// a choice).
+    pub fn resolve(&self, req: &ModelRequirements<'_>) -> Result<Arc<Plugin>, ResolveError> {
+        let candidates = self.candidates(req)?;
         if candidates.len() == 1 {
             return Ok(candidates[0].clone());
         }

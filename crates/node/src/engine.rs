@@ -60,6 +60,11 @@ pub trait Engine: Send + Sync {
     fn exit_reason(&self) -> Option<String> {
         None
     }
+    /// The most memory the engine has held, where it can be told apart from the node's (its
+    /// worker's peak resident set).
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Where plugins run.
@@ -328,4 +333,16 @@ impl Engine for IsolatedEngine {
     fn exit_reason(&self) -> Option<String> {
         self.worker.exit_reason()
     }
+
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        peak_resident_bytes(self.worker.pid())
+    }
+}
+
+/// A process's peak resident set (`VmHWM` of Linux's `/proc/PID/status`).
+fn peak_resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
 }

@@ -14,7 +14,9 @@ use crate::engine::{load_engine, Engine, EngineIsolation, EngineSettings};
 use crate::error::NodeError;
 use crate::modality_gate::{modality_of, GateMode, ModalityGate};
 
+mod benchmark;
 mod lifecycle;
+pub use benchmark::{scores as benchmark_scores, BenchmarkBook};
 pub use lifecycle::RestartPolicy;
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
 use llmr_cluster::EngineReport;
@@ -109,6 +111,8 @@ pub struct ModelManager {
     /// Every plugin folder discovery found, loaded or not (what a router's `/v0/engines` shows),
     /// kept up to date when a plugin is reloaded.
     engine_reports: RwLock<Vec<EngineReport>>,
+    /// The engine benchmarks of models several plugins can run (`models/benchmark.rs`).
+    benchmarks: benchmark::Benchmarks,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -134,7 +138,14 @@ impl ModelManager {
             gate: Arc::default(),
             kv_policy: RwLock::new(None),
             engine_reports: RwLock::default(),
+            benchmarks: Default::default(),
         }
+    }
+
+    /// The catalog keeping its engine benchmarks in `book`.
+    pub fn with_benchmark_book(mut self, book: BenchmarkBook) -> Self {
+        self.benchmarks.book = book;
+        self
     }
 
     /// The catalog with the plugin folders discovery found, for [`Self::engine_reports`].
@@ -196,19 +207,18 @@ impl ModelManager {
     /// kept as it is (loaded or not); a replaced entry that was loaded is unloaded once its
     /// requests finish (they hold its engine).
     pub fn add(&self, desc: ModelDescriptor) -> Result<(), ResolveError> {
-        let req = ModelRequirements {
-            runtime: Some(&desc.runtime),
-            format: desc.format.as_str(),
-            architecture: &desc.architecture,
-            scores: None,
-        };
-        let plugin = match self.registry().resolve(&req) {
-            Ok(plugin) => plugin,
+        let registry = self.registry();
+        let req = benchmark::requirements(&desc);
+        let candidates = match registry.candidates(&req) {
+            Ok(candidates) => candidates,
             Err(e) => {
                 self.remove(&desc.name);
                 return Err(e);
             }
         };
+        // Several engines can run it: the benchmarks decide, once they exist (spec 000).
+        let scores = (candidates.len() > 1).then(|| self.scores_or_queue(&desc, &candidates)).flatten();
+        let plugin = registry.resolve(&ModelRequirements { scores: scores.as_ref(), ..req })?;
         let mut entries = self.entries.write().unwrap();
         if entries.get(&desc.name).is_some_and(|e| e.desc == desc && Arc::ptr_eq(&e.plugin, &plugin)) {
             return Ok(());

@@ -6,7 +6,7 @@ use crate::engine::{EngineIsolation, EngineSettings};
 use crate::http::{self, AppState, SharedState};
 use crate::memory_guard::{MemoryGuard, MemoryProbe};
 use crate::modality_gate::GateMode;
-use crate::models::{total_memory_bytes, ModelManager, ModelPolicy, RestartPolicy};
+use crate::models::{total_memory_bytes, BenchmarkBook, ModelManager, ModelPolicy, RestartPolicy};
 use crate::plugin_reload::PluginWatcher;
 use anyhow::{bail, Result};
 use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
@@ -54,6 +54,9 @@ pub struct NodeConfig {
     /// Loaded models are restarted in a new engine after this long or this many requests
     /// (spec 003; the shadow way, no request dropped); by default never.
     pub engine_restart: RestartPolicy,
+    /// Where the node keeps its engine benchmarks (models several plugins can run are measured
+    /// with each, spec 000); `None`: in memory only, measured again at each start.
+    pub benchmarks_file: Option<PathBuf>,
     pub audio: AudioLimits,
 }
 
@@ -98,6 +101,7 @@ impl Default for NodeConfig {
             engine_isolation: EngineIsolation::InProcess,
             memory_probe: MemoryProbe::host(),
             engine_restart: RestartPolicy::default(),
+            benchmarks_file: None,
             audio: AudioLimits::default(),
         }
     }
@@ -144,7 +148,8 @@ impl Node {
             isolation: config.engine_isolation.clone(),
         };
         let models = ModelManager::new(Arc::new(registry), policy)
-            .with_engine_reports(crate::agent::engines::engine_reports(&found));
+            .with_engine_reports(crate::agent::engines::engine_reports(&found))
+            .with_benchmark_book(BenchmarkBook::open(config.benchmarks_file.clone()));
         if let Some(patch) = &config.kv_policy {
             let policy = llmr_kv_policy::KvPolicy::baseline().patched_json(patch)?;
             models.set_kv_policy(policy);
@@ -240,8 +245,10 @@ impl Node {
         };
         let guard = MemoryGuard::new(self.memory_probe.clone());
         let supervisor = tokio::spawn(supervise(self.state.models.clone(), guard, self.engine_restart));
+        let benchmarks = tokio::spawn(self.state.models.clone().run_benchmarks());
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         supervisor.abort();
+        benchmarks.abort();
         if let Some(c) = control {
             c.abort();
         }

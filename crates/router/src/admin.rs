@@ -9,10 +9,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use llmr_cluster::{Heartbeat, HeartbeatAck, NodeRegistered, NodeRegistration, RegisterModel};
+use llmr_cluster::{EngineBenchmark, Heartbeat, HeartbeatAck, NodeRegistered, NodeRegistration, RegisterModel};
 use llmr_openai::ApiError;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -47,8 +47,34 @@ pub async fn register_model(
     Ok((StatusCode::CREATED, Json(manifest)).into_response())
 }
 
-pub async fn list_manifests(State(s): State<Arc<RouterState>>) -> Response {
-    Json(json!({ "object": "list", "data": *s.registered() })).into_response()
+/// `GET /v0/models`: the registered manifests, each with the nodes' engine benchmarks of it
+/// (`benchmarks`: node, engine, figures, and whether the node runs the model with that engine).
+pub async fn list_manifests(State(s): State<Arc<RouterState>>) -> Result<Response> {
+    let benchmarks = s.db.benchmarks().map_err(db_error)?;
+    let nodes = s.nodes.all();
+    let data: Vec<Value> = s
+        .registered()
+        .iter()
+        .map(|m| {
+            let mut object = serde_json::to_value(m).expect("a manifest serializes");
+            let of_model: Vec<Value> = benchmarks
+                .iter()
+                .filter(|b| b.model == m.name)
+                .map(|b| {
+                    let node = nodes.iter().find(|n| n.id == b.node_id);
+                    let runs = node.and_then(|n| n.models().into_iter().find(|st| st.name == m.name)?.engine);
+                    let mut row = serde_json::to_value(&b.benchmark).expect("a benchmark serializes");
+                    row["node_id"] = json!(b.node_id);
+                    row["node"] = json!(node.map(|n| n.name.clone()));
+                    row["chosen"] = json!(runs.as_deref() == Some(b.benchmark.engine_id.as_str()));
+                    row
+                })
+                .collect();
+            object["benchmarks"] = Value::Array(of_model);
+            object
+        })
+        .collect();
+    Ok(Json(json!({ "object": "list", "data": data })).into_response())
 }
 
 /// `GET /v0/models/registry/{name}/manifest.json` (names contain `/`).
@@ -126,10 +152,25 @@ pub async fn heartbeat(
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
     let hb: Heartbeat = parse(body)?;
-    let was_healthy = s.nodes.get(&id).map(|n| n.is_healthy(s.nodes.heartbeat_timeout));
+    let live = s.nodes.get(&id);
+    let was_healthy = live.as_ref().map(|n| n.is_healthy(s.nodes.heartbeat_timeout));
+    // Benchmarks are written when they change, not at every heartbeat.
+    let before = live.map(|n| n.models()).unwrap_or_default();
+    let new_benchmarks: Vec<(String, Vec<EngineBenchmark>)> = hb
+        .models
+        .iter()
+        .filter(|m| !m.benchmarks.is_empty())
+        .filter(|m| before.iter().find(|b| b.name == m.name).is_none_or(|b| b.benchmarks != m.benchmarks))
+        .map(|m| (m.name.clone(), m.benchmarks.clone()))
+        .collect();
     if !s.nodes.heartbeat(&id, hb) {
         return Err(ApiError::not_found(format!("node '{id}' is not registered with this router; register again"))
             .with_code("node_unknown"));
+    }
+    for (model, benchmarks) in new_benchmarks {
+        if let Err(e) = s.db.record_benchmarks(&id, &model, &benchmarks) {
+            tracing::warn!(node = %id, model = %model, "engine benchmarks not kept: {e}");
+        }
     }
     if was_healthy == Some(false) {
         tracing::info!(node = %id, "node healthy again");

@@ -1,5 +1,5 @@
-//! The router's state in SQLite: registered models with their files, nodes, API keys, and the
-//! stored responses of `/v1/responses`.
+//! The router's state in SQLite: registered models with their files, nodes, API keys, the
+//! stored responses of `/v1/responses`, and the nodes' engine benchmarks of the models.
 //!
 //! Portable schema (plain TEXT/BIGINT columns, no SQLite-only types or upserts that PostgreSQL
 //! lacks) so a PostgreSQL store can follow for several routers. Migrations are numbered and
@@ -13,7 +13,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::Mutex;
 
+mod benchmarks;
 mod responses;
+pub use benchmarks::StoredBenchmark;
 pub use responses::StoredResponse;
 
 const MIGRATIONS: &[&str] = &[
@@ -65,6 +67,18 @@ const MIGRATIONS: &[&str] = &[
     // (NULL: `input` holds the whole conversation, as every row of version 2 does).
     "ALTER TABLE responses ADD COLUMN previous_id TEXT;
     CREATE INDEX responses_by_previous ON responses (previous_id);",
+    // 4: each node's benchmarks of a registered model, one per engine (spec 000).
+    "CREATE TABLE model_benchmarks (
+        model_name TEXT NOT NULL REFERENCES models(name) ON DELETE CASCADE,
+        node_id TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+        engine_id TEXT NOT NULL,
+        engine_version TEXT NOT NULL,
+        tokens_per_second REAL NOT NULL,
+        ttft_ms REAL NOT NULL,
+        peak_memory_bytes BIGINT NOT NULL,
+        measured_at BIGINT NOT NULL,
+        PRIMARY KEY (model_name, node_id, engine_id)
+    );",
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -211,6 +211,8 @@ pub(crate) mod tests {
                     message: None,
                     loaded: *l,
                     capabilities: vec![],
+                    engine: None,
+                    benchmarks: vec![],
                 })
                 .collect(),
             gpus: vec![],

@@ -19,6 +19,7 @@ struct Harness {
     api: String,
     node: String,
     http: reqwest::Client,
+    state: Arc<llmr_router::RouterState>,
     _dir: tempfile::TempDir,
 }
 
@@ -40,7 +41,7 @@ async fn start_router_with(allow_cpu_nodes: bool, heartbeat_timeout: Duration) -
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(router.serve(listener, std::future::pending()));
-    Harness { base, admin, api, node, http: reqwest::Client::new(), _dir: dir }
+    Harness { base, admin, api, node, http: reqwest::Client::new(), state: s, _dir: dir }
 }
 
 /// An upstream "node": counts requests and answers with `behaviour`.
@@ -118,6 +119,8 @@ fn ready(model: &str) -> Heartbeat {
             message: None,
             loaded: true,
             capabilities: vec!["text".into()],
+            engine: None,
+            benchmarks: vec![],
         }],
         gpus: vec![],
         engines: vec![],
@@ -386,4 +389,66 @@ async fn silent_nodes_stop_getting_traffic_and_come_back() {
     assert_eq!(hits.load(Ordering::SeqCst), served, "nothing was sent to the silent node");
     assert_eq!(status_right_after_heartbeat(&h, &id, timeout).await, 200, "back after a heartbeat");
     assert_eq!(hits.load(Ordering::SeqCst), served + 1);
+}
+
+/// Spec 000's benchmarks "kept with the model": a node's heartbeat carries its benchmarks of a
+/// registered model; the router keeps them in its database and lists them in `/v0/models`,
+/// saying which engine the node chose.
+#[tokio::test]
+async fn engine_benchmarks_from_heartbeats_are_kept_and_listed_with_the_model() {
+    let h = start_router(true).await;
+    let manifest = llmr_cluster::ModelManifest {
+        name: "m".into(),
+        format: llmr_cluster::ModelFormat::Gguf,
+        source: llmr_cluster::ModelSource::Hub {
+            endpoint: "http://127.0.0.1:1".into(),
+            repo: "o/r".into(),
+            revision: "main".into(),
+        },
+        files: vec![llmr_cluster::ManifestFile { path: "m.gguf".into(), size: 10, sha256: "ab".repeat(32) }],
+        primary: "m.gguf".into(),
+        quantization: None,
+        architecture: Some("llama".into()),
+        has_chat_template: true,
+        registered_at: 1,
+    };
+    h.state.db.insert_model(&manifest).unwrap();
+    h.state.models_changed().unwrap();
+    let r = h.register(&registration("n1", "http://127.0.0.1:9", true)).await;
+    let id = r.json::<NodeRegistered>().await.unwrap().node_id;
+    let bench = |engine: &str, tps: f64| llmr_cluster::EngineBenchmark {
+        engine_id: engine.into(),
+        engine_version: "1.2.0".into(),
+        tokens_per_second: tps,
+        ttft_ms: 40.0,
+        peak_memory_bytes: 1 << 30,
+        measured_at: 1_700_000_000,
+    };
+    let mut hb = ready("m");
+    hb.models[0].engine = Some("fast".into());
+    hb.models[0].benchmarks = vec![bench("fast", 90.0), bench("slow", 30.0)];
+    let url = format!("{}/v0/nodes/{id}/heartbeat", h.base);
+    let r = h.http.post(&url).bearer_auth(&h.node).json(&hb).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    let listed = |key: String| {
+        let (http, url) = (h.http.clone(), format!("{}/v0/models", h.base));
+        async move { http.get(url).bearer_auth(key).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let body = listed(h.admin.clone()).await;
+    let rows = body["data"][0]["benchmarks"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 2, "{body}");
+    assert_eq!(rows[0]["engine_id"], "fast");
+    assert_eq!(rows[0]["tokens_per_second"], 90.0);
+    assert_eq!(rows[0]["node"], "n1");
+    assert_eq!(rows[0]["chosen"], true);
+    assert_eq!(rows[1]["chosen"], false);
+    // Nodes read the same listing as manifests.
+    let manifests: Vec<llmr_cluster::ModelManifest> =
+        serde_json::from_value(listed(h.node.clone()).await["data"].clone()).unwrap();
+    assert_eq!(manifests, [manifest]);
+    // Kept in the database, where a restarted router reads them back.
+    let kept = h.state.db.benchmarks().unwrap();
+    assert_eq!(kept.len(), 2);
+    assert_eq!(kept[1].benchmark, bench("slow", 30.0));
 }

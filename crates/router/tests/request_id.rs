@@ -126,6 +126,8 @@ async fn join(base: &str, name: &str, url: &str, model: &str) {
             message: None,
             loaded: true,
             capabilities: vec![],
+            engine: None,
+            benchmarks: vec![],
         }],
         gpus: vec![],
         engines: vec![],

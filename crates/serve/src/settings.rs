@@ -185,6 +185,9 @@ impl NodeSettings {
             },
             memory_probe: defaults.memory_probe,
             engine_restart,
+            // Beside the models it measured (the store keeps models in folders; files at its
+            // root are not models).
+            benchmarks_file: self.store_root().ok().map(|root| root.join(".engine-benchmarks.json")),
         })
     }
 }

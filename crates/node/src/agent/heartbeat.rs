@@ -92,8 +92,11 @@ impl Heartbeats<'_> {
                 let mut status = r.status.clone();
                 status.loaded = loaded.contains(status.name.as_str());
                 if status.state == ModelState::Ready {
-                    status.capabilities =
-                        self.models.entry(&status.name).map(|e| e.desc.capability_names()).unwrap_or_default();
+                    if let Some(entry) = self.models.entry(&status.name) {
+                        status.capabilities = entry.desc.capability_names();
+                        status.engine = Some(entry.plugin.id().to_owned());
+                        status.benchmarks = self.models.benchmarks_of(&entry.desc);
+                    }
                 }
                 if let Some(p) = &r.progress {
                     status.message = Some(p.describe());

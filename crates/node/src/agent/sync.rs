@@ -45,7 +45,15 @@ impl Settled {
             Settled::Unsupported(m) => (ModelState::Unsupported, Some(m.clone())),
             Settled::Failed(m) => (ModelState::Failed, Some(m.clone())),
         };
-        ModelStatus { name: name.to_string(), state, message, loaded: false, capabilities: Vec::new() }
+        ModelStatus {
+            name: name.to_string(),
+            state,
+            message,
+            loaded: false,
+            capabilities: Vec::new(),
+            engine: None,
+            benchmarks: Vec::new(),
+        }
     }
 }
 
@@ -291,6 +299,8 @@ impl<'a> Syncer<'a> {
                         message: None,
                         loaded: false,
                         capabilities: Vec::new(),
+                        engine: None,
+                        benchmarks: Vec::new(),
                     },
                     progress: Some(f.progress.clone()),
                 },
@@ -302,6 +312,8 @@ impl<'a> Syncer<'a> {
                         message: None,
                         loaded: false,
                         capabilities: Vec::new(),
+                        engine: None,
+                        benchmarks: Vec::new(),
                     },
                     progress: None,
                 },

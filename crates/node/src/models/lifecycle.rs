@@ -21,7 +21,8 @@ impl ModelManager {
     /// registry takes it for models resolved from now on, and each model `old` runs is loaded
     /// with `new` beside the old one (shadow load), then takes the new requests; the old engine
     /// finishes the requests it holds and is unloaded after the last. A model whose new load
-    /// fails stays on `old` (logged). Returns how many models moved.
+    /// fails stays on `old` (logged). Models another engine could run too are benchmarked again
+    /// (spec 000: the figures of the old version no longer count). Returns how many models moved.
     pub async fn switch_plugin(&self, old: &Arc<Plugin>, new: Arc<Plugin>) -> usize {
         {
             let mut registry = self.registry.write().unwrap();
@@ -44,6 +45,8 @@ impl ModelManager {
                 ),
             }
         }
+        // The new version has no benchmark yet where its engine competes with another.
+        self.queue_stale_benchmarks();
         moved
     }
 
@@ -51,7 +54,7 @@ impl ModelManager {
     /// old one is loaded (beside it), then swapped in, so new requests go to the new engine
     /// while the old finishes the requests it holds and is unloaded after the last. Returns
     /// whether it swapped (not when the catalog replaced or removed the entry meanwhile).
-    async fn shadow_swap(&self, entry: &Arc<CatalogEntry>, plugin: Arc<Plugin>) -> Result<bool, NodeError> {
+    pub(super) async fn shadow_swap(&self, entry: &Arc<CatalogEntry>, plugin: Arc<Plugin>) -> Result<bool, NodeError> {
         let next = Arc::new(CatalogEntry {
             desc: entry.desc.clone(),
             plugin,

@@ -3,7 +3,7 @@
 //! magic prompt. A crash or hang fails only the requests on that worker, the model is served
 //! again shortly after, and other models never notice.
 
-use crate::support::{gguf, wait_until};
+use crate::support::{gguf, install_c_echo, wait_until};
 use llmr_model_store::ModelDescriptor;
 use llmr_node::{EngineIsolation, Node, NodeConfig, RestartPolicy, WorkerCommand};
 use serde_json::{json, Value};
@@ -222,26 +222,6 @@ async fn memory_pressure_unloads_the_least_recently_used_idle_model() {
     assert_eq!(loaded(&models), ["b"]);
     // An unloaded model loads again on its next request.
     assert_eq!(ok_answer(&node.url, "a").await, "back again");
-}
-
-/// Writes `contents` to `path` by renaming a sibling into place, as one installs a plugin.
-fn replace_file(path: &std::path::Path, contents: &[u8]) {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-/// The C template plugin (`-D` flags), built and installed into `plugin_dir` with its manifest
-/// declaring `version`.
-fn install_c_echo(plugin_dir: &std::path::Path, version: &str, flags: &[&str]) {
-    let build = tempfile::tempdir().unwrap();
-    let lib = llmr_testkit::build_c_template(build.path(), flags);
-    let mut manifest = llmr_testkit::c_template_manifest();
-    manifest["runtimes"] = json!(["LlamaCpp"]);
-    manifest["version"] = json!(version);
-    std::fs::create_dir_all(plugin_dir).unwrap();
-    replace_file(&plugin_dir.join("libllmr_c_echo.so"), &std::fs::read(lib).unwrap());
-    replace_file(&plugin_dir.join("manifest.json"), &serde_json::to_vec_pretty(&manifest).unwrap());
 }
 
 /// Spec 003's hot reload under load: requests at concurrency 8 while the plugin's folder gets a

@@ -143,3 +143,23 @@ impl FakeRouter {
         self.state.lock().unwrap().heartbeats.last().cloned()
     }
 }
+
+/// Writes `contents` to `path` by renaming a sibling into place, as one installs a plugin.
+pub fn replace_file(path: &std::path::Path, contents: &[u8]) {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The C template plugin (`-D` flags), built and installed into `plugin_dir` with its manifest
+/// declaring `version`.
+pub fn install_c_echo(plugin_dir: &std::path::Path, version: &str, flags: &[&str]) {
+    let build = tempfile::tempdir().unwrap();
+    let lib = llmr_testkit::build_c_template(build.path(), flags);
+    let mut manifest = llmr_testkit::c_template_manifest();
+    manifest["runtimes"] = serde_json::json!(["LlamaCpp"]);
+    manifest["version"] = serde_json::json!(version);
+    std::fs::create_dir_all(plugin_dir).unwrap();
+    replace_file(&plugin_dir.join("libllmr_c_echo.so"), &std::fs::read(lib).unwrap());
+    replace_file(&plugin_dir.join("manifest.json"), &serde_json::to_vec_pretty(&manifest).unwrap());
+}
