@@ -96,6 +96,8 @@ pub struct EngineSettings {
     pub host_memory_total_bytes: u64,
     /// The model's load options (a JSON object: the KV policy the node runs, ...).
     pub load_options: Option<serde_json::Value>,
+    /// The GPU the instance runs on, when the node placed the model on one.
+    pub device: Option<crate::devices::Device>,
 }
 
 pub struct PluginEngine {
@@ -123,6 +125,10 @@ fn instance_config(settings: &EngineSettings) -> InstanceConfig {
         threads: settings.threads,
         context_length: settings.context_length,
         host_memory_total_bytes: settings.host_memory_total_bytes,
+        device_id: settings.device.as_ref().map(|d| d.index as i32),
+        device_name: settings.device.as_ref().map(|d| d.name.clone()),
+        device_memory_total_bytes: settings.device.as_ref().map_or(0, |d| d.memory_total_bytes),
+        device_memory_free_bytes: settings.device.as_ref().map_or(0, |d| d.memory_free_bytes),
         ..Default::default()
     }
 }

@@ -24,6 +24,12 @@ pub enum NodeError {
         "not enough memory to load `{model}` now: the budget is {budget_mib} MiB, {held_mib} MiB are held by models serving requests"
     )]
     NoMemory { model: String, budget_mib: u64, held_mib: u64 },
+    /// No GPU has room for the model, with every idle model unloaded (spec 003: free memory is
+    /// checked before a load).
+    #[error(
+        "no GPU has room for `{model}` now: it needs about {needed_mib} MiB, the GPU with the most free memory has {free_mib} MiB and its models are serving requests"
+    )]
+    NoDeviceMemory { model: String, needed_mib: u64, free_mib: u64 },
     #[error("loading model `{model}` failed: {}", .error.message)]
     LoadFailed { model: String, error: CallError },
     /// The chat template could not render the conversation.

@@ -19,6 +19,7 @@ pub mod agent;
 pub mod answer;
 pub mod cache;
 pub mod control;
+pub mod devices;
 pub mod engine;
 mod error;
 pub mod generation;
@@ -31,6 +32,7 @@ mod node;
 pub mod plugin_reload;
 pub mod prompt;
 
+pub use devices::{Device, DeviceInventory};
 pub use engine::{Engine, EngineIsolation, EngineSettings, IsolatedEngine, PluginEngine, DEFAULT_WATCHDOG};
 pub use error::NodeError;
 pub use http::health_report;

@@ -10,12 +10,14 @@
 //! request drops its `Arc`).
 
 use crate::admission::Admission;
+use crate::devices::DeviceInventory;
 use crate::engine::{load_engine, Engine, EngineIsolation, EngineSettings};
 use crate::error::NodeError;
 use crate::modality_gate::{modality_of, GateMode, ModalityGate};
 
 mod benchmark;
 mod lifecycle;
+mod placement;
 pub use benchmark::{scores as benchmark_scores, BenchmarkBook};
 pub use lifecycle::RestartPolicy;
 use llmr_chat_template::{ChatTemplates, SpecialTokens};
@@ -24,7 +26,7 @@ use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, Re
 use llmr_kv_policy::KvPolicy;
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -34,14 +36,53 @@ pub struct CatalogEntry {
     pub plugin: Arc<Plugin>,
     /// Unix seconds: the file's modification time (the `created` of `/v1/models`).
     pub created: u64,
-    loaded: Mutex<Option<Arc<LoadedModel>>>,
+    /// The loaded copies of the model: one, or one per GPU with `--gpu-replicas` (spec 003),
+    /// each with its own engine and KV cache.
+    replicas: Mutex<Vec<Arc<LoadedModel>>>,
+    /// Round-robin position among the replicas.
+    next_replica: AtomicUsize,
     /// Held while loading, so concurrent first requests wait for one load.
     loading: tokio::sync::Mutex<()>,
 }
 
 impl CatalogEntry {
-    fn current(&self) -> Option<Arc<LoadedModel>> {
-        self.loaded.lock().unwrap().clone()
+    fn new(desc: ModelDescriptor, plugin: Arc<Plugin>, created: u64) -> Self {
+        CatalogEntry {
+            desc,
+            plugin,
+            created,
+            replicas: Mutex::default(),
+            next_replica: AtomicUsize::new(0),
+            loading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn replicas(&self) -> Vec<Arc<LoadedModel>> {
+        self.replicas.lock().unwrap().clone()
+    }
+
+    fn is_loaded(&self) -> bool {
+        !self.replicas.lock().unwrap().is_empty()
+    }
+
+    /// The next replica whose engine is alive, round robin; one whose worker ended is skipped
+    /// until it is loaded again.
+    fn live_replica(&self) -> Option<Arc<LoadedModel>> {
+        let live: Vec<Arc<LoadedModel>> =
+            self.replicas().into_iter().filter(|m| m.engine.exit_reason().is_none()).collect();
+        if live.is_empty() {
+            return None;
+        }
+        let i = self.next_replica.fetch_add(1, Ordering::Relaxed) % live.len();
+        Some(live[i].clone())
+    }
+
+    /// Takes `replica` out (unloaded once its requests finish); returns whether it was there.
+    fn remove_replica(&self, replica: &Arc<LoadedModel>) -> bool {
+        let mut replicas = self.replicas.lock().unwrap();
+        let before = replicas.len();
+        replicas.retain(|m| !Arc::ptr_eq(m, replica));
+        replicas.len() < before
     }
 }
 
@@ -51,8 +92,10 @@ pub struct LoadedModel {
     /// `None` for embedding-only models.
     pub templates: Option<ChatTemplates>,
     pub admission: Admission,
-    /// Bytes the budget counts for this model.
+    /// Bytes the budget counts for this model (the host's, or its GPU's when on one).
     pub footprint: u64,
+    /// The GPU it runs on (its ordinal), when the node placed it on one.
+    pub device: Option<u32>,
     /// Recent times to the first token (the control API's `ftl_ms` and `p95_ms`).
     pub first_token_times: crate::metrics::RecentTimes,
     engine_id: String,
@@ -65,6 +108,11 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
+    /// Nothing running or queued on it.
+    pub fn is_idle(&self) -> bool {
+        self.admission.busy() == 0 && self.admission.waiting() == 0
+    }
+
     /// Called once per request that uses the model.
     pub fn touch(&self) {
         *self.last_used.lock().unwrap() = Instant::now();
@@ -96,6 +144,10 @@ pub struct ModelPolicy {
     pub memory_budget: u64,
     /// Where plugins run: in worker processes (crash isolation) or in the node's process.
     pub isolation: EngineIsolation,
+    /// The GPUs models are placed on (spec 003: the one with the most free memory).
+    pub devices: DeviceInventory,
+    /// Copies of each GPU model, each on a GPU of its own (at most one per GPU); 1: one copy.
+    pub replicas: u32,
 }
 
 pub struct ModelManager {
@@ -113,6 +165,8 @@ pub struct ModelManager {
     engine_reports: RwLock<Vec<EngineReport>>,
     /// The engine benchmarks of models several plugins can run (`models/benchmark.rs`).
     benchmarks: benchmark::Benchmarks,
+    /// GPU memory promised to loads in progress (`models/placement.rs`).
+    reserved: placement::Reservations,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -139,6 +193,7 @@ impl ModelManager {
             kv_policy: RwLock::new(None),
             engine_reports: RwLock::default(),
             benchmarks: Default::default(),
+            reserved: Default::default(),
         }
     }
 
@@ -228,8 +283,7 @@ impl ModelManager {
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs());
-        let entry =
-            CatalogEntry { desc, plugin, created, loaded: Mutex::new(None), loading: tokio::sync::Mutex::new(()) };
+        let entry = CatalogEntry::new(desc, plugin, created);
         if let Some(old) = entries.insert(entry.desc.name.clone(), Arc::new(entry)) {
             tracing::info!(model = %old.desc.name, "catalog entry replaced");
         }
@@ -255,9 +309,9 @@ impl ModelManager {
         self.entries.read().unwrap().get(name).cloned()
     }
 
-    /// The loaded models right now (for metrics and health), sorted by name.
+    /// The loaded models right now, every replica (for metrics and health), sorted by name.
     pub fn loaded(&self) -> Vec<Arc<LoadedModel>> {
-        self.entries.read().unwrap().values().filter_map(|e| e.current()).collect()
+        self.entries.read().unwrap().values().flat_map(|e| e.replicas()).collect()
     }
 
     /// Running and queued requests and memory held, over the loaded models.
@@ -269,44 +323,88 @@ impl ModelManager {
             snapshot.memory_used_bytes += m.footprint;
             snapshot.loaded.push(m.name.clone());
         }
+        snapshot.loaded.dedup();
         snapshot
     }
 
-    /// The model, loading it first if needed (again, when its engine worker ended).
+    /// The model (its next live replica), loading it first if needed (again, when its engine
+    /// workers ended).
     pub async fn get(&self, name: &str) -> Result<Arc<LoadedModel>, NodeError> {
         let entry = self.entry(name).ok_or_else(|| NodeError::ModelNotFound(name.to_owned()))?;
-        if let Some(m) = entry.current().filter(|m| m.engine.exit_reason().is_none()) {
+        if let Some(m) = entry.live_replica() {
             m.touch();
             return Ok(m);
         }
         self.load_entry(&entry).await
     }
 
-    /// Loads `entry`'s model unless it is loaded (and its engine alive), once however many ask.
+    /// Loads `entry`'s model, once however many ask: replicas whose engine ended are dropped
+    /// and the missing ones loaded, each on the GPU `place` chooses (at once, in parallel).
+    /// Returns a live replica.
     async fn load_entry(&self, entry: &Arc<CatalogEntry>) -> Result<Arc<LoadedModel>, NodeError> {
         let name = entry.desc.name.as_str();
         let _loading = entry.loading.lock().await;
-        if let Some(m) = entry.current() {
-            if m.engine.exit_reason().is_none() {
-                m.touch();
-                return Ok(m);
-            }
-            entry.loaded.lock().unwrap().take();
-        }
+        entry.replicas.lock().unwrap().retain(|m| m.engine.exit_reason().is_none());
+        let have = entry.replicas();
+        let taken: Vec<u32> = have.iter().filter_map(|m| m.device).collect();
         let footprint = estimate_footprint(&entry.desc);
-        self.make_room(name, footprint)?;
+        let placements = match self.place(entry, footprint, have.len(), &taken) {
+            Ok(p) => p,
+            // Some replicas serve: fewer than asked is not an error.
+            Err(e) if !have.is_empty() => {
+                tracing::warn!(model = name, "{e}; serving with {} replicas", have.len());
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        if placements.iter().any(Option::is_none) {
+            self.make_room(name, footprint)?;
+        }
+        let loads = placements.into_iter().map(|placement| self.load_replica(entry, footprint, placement));
+        let mut first_error = None;
+        for loaded in futures_util::future::join_all(loads).await {
+            match loaded {
+                Ok(m) => entry.replicas.lock().unwrap().push(m),
+                Err(e) => {
+                    tracing::error!(model = name, "a replica did not load: {e}");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match (entry.live_replica(), first_error) {
+            (Some(m), _) => {
+                m.touch();
+                Ok(m)
+            }
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(NodeError::Internal(format!("no replica of '{name}' to load"))),
+        }
+    }
+
+    /// Loads one copy of `entry`'s model, on `placement`'s GPU when it has one (its memory
+    /// reserved until the load ends).
+    async fn load_replica(
+        &self,
+        entry: &Arc<CatalogEntry>,
+        footprint: u64,
+        placement: Option<placement::Placement>,
+    ) -> Result<Arc<LoadedModel>, NodeError> {
+        let name = entry.desc.name.as_str();
         let plugin = entry.plugin.clone();
         let desc = entry.desc.clone();
         let mut settings = self.policy.engine.clone();
         if let Some(policy) = self.kv_policy() {
             settings.load_options = Some(serde_json::json!({ "kv_policy": policy }));
         }
+        let device = placement.as_ref().map(|p| p.device.index);
+        settings.device = placement.as_ref().map(|p| p.device.clone());
         let started = Instant::now();
         let isolation = self.policy.isolation.clone();
         let engine = tokio::task::spawn_blocking(move || load_engine(&isolation, &plugin, &desc, &settings))
             .await
             .map_err(|e| NodeError::Internal(format!("model load panicked: {e}")))?
             .map_err(|error| NodeError::LoadFailed { model: name.to_owned(), error })?;
+        drop(placement);
         let info = engine.info().clone();
         let templates = if info.has(Capability::Text) {
             let tokens = SpecialTokens { bos_token: info.bos_token.clone(), eos_token: info.eos_token.clone() };
@@ -324,6 +422,7 @@ impl ModelManager {
             model = name,
             ms = started.elapsed().as_millis() as u64,
             ctx = info.context_length,
+            device = ?device,
             "model loaded"
         );
         let mut admission = Admission::new(info.slots.unwrap_or(1), self.policy.queue_limit);
@@ -339,35 +438,35 @@ impl ModelManager {
             engine,
             templates,
             footprint,
+            device,
             first_token_times: Default::default(),
             last_used: Mutex::new(Instant::now()),
             loaded_at: Instant::now(),
             requests: AtomicU64::new(0),
         });
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
-        *entry.loaded.lock().unwrap() = Some(loaded.clone());
         Ok(loaded)
     }
 
-    /// Unloads idle models, least recently used first, until `needed` more bytes fit.
+    /// Unloads idle models, least recently used first, until `needed` more bytes fit in the
+    /// host's budget (models on a GPU count against their GPU, `models/placement.rs`).
     fn make_room(&self, loading: &str, needed: u64) -> Result<(), NodeError> {
         loop {
             let mut used = 0u64;
-            let mut victim: Option<(Arc<CatalogEntry>, Instant)> = None;
+            let mut victim: Option<(Arc<CatalogEntry>, Arc<LoadedModel>, Instant)> = None;
             for entry in self.entries() {
-                let name = &entry.desc.name;
-                if name == loading {
+                if entry.desc.name == loading {
                     continue;
                 }
                 // A model being loaded right now by another request counts once it is in.
-                let Some(m) = entry.current() else { continue };
-                used += m.footprint;
-                // Idle: nothing running or queued. (A request between lookup and admission keeps the
-                // engine alive through its Arc; the memory is returned when it finishes.)
-                let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
-                let last = *m.last_used.lock().unwrap();
-                if idle && victim.as_ref().is_none_or(|(_, t)| last < *t) {
-                    victim = Some((entry.clone(), last));
+                for m in entry.replicas().into_iter().filter(|m| m.device.is_none()) {
+                    used += m.footprint;
+                    // Idle: nothing running or queued. (A request between lookup and admission keeps the
+                    // engine alive through its Arc; the memory is returned when it finishes.)
+                    let last = *m.last_used.lock().unwrap();
+                    if m.is_idle() && victim.as_ref().is_none_or(|(_, _, t)| last < *t) {
+                        victim = Some((entry.clone(), m, last));
+                    }
                 }
             }
             if used + needed <= self.policy.memory_budget || used == 0 {
@@ -381,16 +480,15 @@ impl ModelManager {
                 }
                 return Ok(());
             }
-            let Some((entry, _)) = victim else {
+            let Some((entry, replica, _)) = victim else {
                 return Err(NodeError::NoMemory {
                     model: loading.to_owned(),
                     budget_mib: self.policy.memory_budget >> 20,
                     held_mib: used >> 20,
                 });
             };
-            let unloaded = entry.loaded.lock().unwrap().take();
-            if let Some(m) = unloaded {
-                tracing::info!(model = %m.name, "unloading (least recently used) to make room for {loading}");
+            if entry.remove_replica(&replica) {
+                tracing::info!(model = %replica.name, "unloading (least recently used) to make room for {loading}");
             }
         }
     }

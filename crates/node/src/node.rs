@@ -2,6 +2,7 @@
 
 use crate::cache::GenerationCache;
 use crate::control::{self, ControlState, SharedControl};
+use crate::devices::DeviceInventory;
 use crate::engine::{EngineIsolation, EngineSettings};
 use crate::http::{self, AppState, SharedState};
 use crate::memory_guard::{MemoryGuard, MemoryProbe};
@@ -9,7 +10,7 @@ use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, BenchmarkBook, ModelManager, ModelPolicy, RestartPolicy};
 use crate::plugin_reload::PluginWatcher;
 use anyhow::{bail, Result};
-use llmr_engine_host::{detect_gpu, discover, DiscoveryOptions, EngineRegistry, PluginState};
+use llmr_engine_host::{discover, DiscoveryOptions, EngineRegistry, PluginState};
 use llmr_model_store::ModelDescriptor;
 use std::future::Future;
 use std::path::PathBuf;
@@ -57,6 +58,12 @@ pub struct NodeConfig {
     /// Where the node keeps its engine benchmarks (models several plugins can run are measured
     /// with each, spec 000); `None`: in memory only, measured again at each start.
     pub benchmarks_file: Option<PathBuf>,
+    /// The GPUs models are placed on (the one with the most free memory, spec 003) and the
+    /// backend plugins must be built for; by default this machine's.
+    pub devices: DeviceInventory,
+    /// Copies of each GPU model, each on its own GPU, taking requests in turn (spec 003's
+    /// replicas); 1: one copy.
+    pub gpu_replicas: u32,
     pub audio: AudioLimits,
 }
 
@@ -102,6 +109,8 @@ impl Default for NodeConfig {
             memory_probe: MemoryProbe::host(),
             engine_restart: RestartPolicy::default(),
             benchmarks_file: None,
+            devices: DeviceInventory::host(),
+            gpu_replicas: 1,
             audio: AudioLimits::default(),
         }
     }
@@ -119,7 +128,7 @@ pub struct Node {
 impl Node {
     /// Discovers the engine plugins and builds the catalog; loads nothing yet.
     pub fn new(config: NodeConfig) -> Result<Node> {
-        let gpu = detect_gpu();
+        let gpu = config.devices.backend;
         let mut registry = EngineRegistry::new();
         let found = discover(&config.engines_dir, &DiscoveryOptions { gpu, allow_cpu: true }, &mut registry);
         for f in &found {
@@ -141,11 +150,14 @@ impl Node {
                 context_length: config.context_length,
                 host_memory_total_bytes: ram,
                 load_options: None,
+                device: None,
             },
             queue_limit: config.queue_limit,
             gate_mode: config.gpu_modality_gate,
             memory_budget: config.memory_budget.unwrap_or(ram / 10 * 9),
             isolation: config.engine_isolation.clone(),
+            devices: config.devices.clone(),
+            replicas: config.gpu_replicas.max(1),
         };
         let models = ModelManager::new(Arc::new(registry), policy)
             .with_engine_reports(crate::agent::engines::engine_reports(&found))

@@ -95,6 +95,10 @@ pub struct NodeSettings {
     /// The same, after this many requests. Default: never.
     #[arg(long, env = "LLMR_ENGINE_RESTART_REQUESTS")]
     pub engine_restart_requests: Option<u64>,
+    /// Copies of each GPU model, each on its own GPU (those with the most free memory), taking
+    /// requests in turn; a crashed copy is skipped until it is back. Default 1.
+    #[arg(long, env = "LLMR_GPU_REPLICAS")]
+    pub gpu_replicas: Option<u32>,
 }
 
 impl NodeSettings {
@@ -188,6 +192,11 @@ impl NodeSettings {
             // Beside the models it measured (the store keeps models in folders; files at its
             // root are not models).
             benchmarks_file: self.store_root().ok().map(|root| root.join(".engine-benchmarks.json")),
+            devices: defaults.devices,
+            gpu_replicas: match self.gpu_replicas {
+                Some(0) => return Err(Error::Setting { name: "--gpu-replicas", message: "0 copies".into() }),
+                n => n.unwrap_or(defaults.gpu_replicas),
+            },
         })
     }
 }
@@ -539,6 +548,7 @@ mod tests {
             "engine_watchdog_secs",
             "engine_restart_hours",
             "engine_restart_requests",
+            "gpu_replicas",
         ];
         assert_eq!(file_keys(), keys);
     }

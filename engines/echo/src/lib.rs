@@ -32,6 +32,9 @@ pub struct EchoEngine {
     started: Instant,
     chat_template: Option<String>,
     crash_on_demand: bool,
+    /// The GPU ordinal the host created the instance for (-1: the engine's choice), reported
+    /// in its metrics so tests can see where the node placed a model.
+    device_id: i32,
 }
 
 /// A stable token id for a word (FNV-1a), so tokenize and infer agree.
@@ -75,6 +78,7 @@ impl Engine for EchoEngine {
             started: Instant::now(),
             chat_template: config.params.get("chat_template").and_then(|v| v.as_str()).map(str::to_owned),
             crash_on_demand: config.params.get("crash_on_demand").and_then(|v| v.as_bool()).unwrap_or(false),
+            device_id: config.device_id,
         })
     }
 
@@ -173,6 +177,7 @@ impl Engine for EchoEngine {
             "tokens_generated_total": self.tokens_total.load(Ordering::Relaxed),
             "models": self.models.lock().unwrap().iter().cloned().collect::<Vec<_>>(),
             "uptime_s": self.started.elapsed().as_secs_f64(),
+            "device_id": self.device_id,
         }))
     }
 

@@ -2,7 +2,6 @@
 //! router forgot the node (it restarted): the node registers again. Each answer carries the
 //! router's `models_version`; a new one wakes the sync.
 
-use super::machine;
 use super::register::{CallError, RouterClient};
 use super::sync::Report;
 use super::{AgentError, Backoff};
@@ -29,11 +28,11 @@ fn interval(registered: &NodeRegistered) -> Duration {
 impl Heartbeats<'_> {
     /// Runs until a fatal error (the token is refused, or a registration is).
     pub async fn run(mut self, mut registered: NodeRegistered) -> Result<(), AgentError> {
-        let nvidia = machine::has_nvidia_driver();
+        let has_devices = self.models.devices().has_devices();
         let mut failing = false;
         let mut just_registered = true;
         loop {
-            let heartbeat = self.heartbeat(nvidia).await;
+            let heartbeat = self.heartbeat(has_devices).await;
             match self.client.heartbeat(&registered.node_id, &heartbeat).await {
                 Ok(ack) => {
                     if failing {
@@ -81,7 +80,7 @@ impl Heartbeats<'_> {
         }
     }
 
-    async fn heartbeat(&self, nvidia: bool) -> Heartbeat {
+    async fn heartbeat(&self, has_devices: bool) -> Heartbeat {
         let load = self.models.load();
         let loaded: BTreeSet<&str> = load.loaded.iter().map(String::as_str).collect();
         let models = self
@@ -104,8 +103,9 @@ impl Heartbeats<'_> {
                 status
             })
             .collect();
-        let gpus = if nvidia {
-            tokio::task::spawn_blocking(machine::gpus).await.unwrap_or_default()
+        let gpus = if has_devices {
+            let models = self.models.clone();
+            tokio::task::spawn_blocking(move || models.gpus()).await.unwrap_or_default()
         } else {
             self.registration.gpus.clone()
         };

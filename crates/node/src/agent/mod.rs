@@ -120,7 +120,7 @@ impl Agent {
             url: config.url.clone(),
             secret: config.secret.clone(),
             machine: machine::machine_info(),
-            gpus: machine::gpus(),
+            gpus: models.gpus(),
             runtimes: models.runtimes(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             engines: models.engine_reports(),

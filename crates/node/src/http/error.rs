@@ -13,7 +13,9 @@ impl From<NodeError> for ApiError {
             NodeError::Incapable { .. } => ApiError::invalid("model", message),
             NodeError::Template(_) => ApiError::invalid("messages", message),
             NodeError::QueueFull { .. } | NodeError::DeviceBusy { .. } => ApiError::rate_limited(message, 1),
-            NodeError::Unloading | NodeError::NoMemory { .. } => ApiError::unavailable(message),
+            NodeError::Unloading | NodeError::NoMemory { .. } | NodeError::NoDeviceMemory { .. } => {
+                ApiError::unavailable(message)
+            }
             NodeError::LoadFailed { error, .. } | NodeError::Engine(error) => {
                 ApiError::with_status(error.status.http_status(), message).with_code(error.status.code())
             }
@@ -38,6 +40,7 @@ mod tests {
             (NodeError::DeviceBusy { wanted: Capability::Asr, holding: Capability::Text }, 429, None),
             (NodeError::Unloading, 503, None),
             (NodeError::NoMemory { model: "m".into(), budget_mib: 1, held_mib: 2 }, 503, None),
+            (NodeError::NoDeviceMemory { model: "m".into(), needed_mib: 1, free_mib: 0 }, 503, None),
             (NodeError::LoadFailed { model: "m".into(), error: engine(EngineStatus::ModelCorrupt) }, 500, None),
             (NodeError::Engine(engine(EngineStatus::OomRam)), 507, None),
             (NodeError::Engine(engine(EngineStatus::Timeout)), 504, None),

@@ -6,7 +6,7 @@ use super::{CatalogEntry, ModelManager};
 use crate::error::NodeError;
 use llmr_engine_host::Plugin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// When a loaded model is restarted in a new engine (spec 003's periodic restart); both `None`:
 /// never.
@@ -55,14 +55,8 @@ impl ModelManager {
     /// while the old finishes the requests it holds and is unloaded after the last. Returns
     /// whether it swapped (not when the catalog replaced or removed the entry meanwhile).
     pub(super) async fn shadow_swap(&self, entry: &Arc<CatalogEntry>, plugin: Arc<Plugin>) -> Result<bool, NodeError> {
-        let next = Arc::new(CatalogEntry {
-            desc: entry.desc.clone(),
-            plugin,
-            created: entry.created,
-            loaded: Mutex::new(None),
-            loading: tokio::sync::Mutex::new(()),
-        });
-        if entry.current().is_some() {
+        let next = Arc::new(CatalogEntry::new(entry.desc.clone(), plugin, entry.created));
+        if entry.is_loaded() {
             self.load_entry(&next).await?;
         }
         let mut entries = self.entries.write().unwrap();
@@ -83,13 +77,13 @@ impl ModelManager {
         }
         let mut restarted = 0;
         for entry in self.entries() {
-            let Some(m) = entry.current() else { continue };
-            let aged = policy.after.is_some_and(|a| m.loaded_at.elapsed() >= a)
-                || policy.after_requests.is_some_and(|n| m.requests.load(Ordering::Relaxed) >= n);
+            let aged = entry.replicas().iter().any(|m| {
+                policy.after.is_some_and(|a| m.loaded_at.elapsed() >= a)
+                    || policy.after_requests.is_some_and(|n| m.requests.load(Ordering::Relaxed) >= n)
+            });
             if !aged {
                 continue;
             }
-            drop(m);
             match self.shadow_swap(&entry, entry.plugin.clone()).await {
                 Ok(true) => {
                     tracing::info!(model = %entry.desc.name, "periodic restart: the model runs in a new engine");
@@ -104,18 +98,24 @@ impl ModelManager {
         restarted
     }
 
-    /// Reloads every model whose engine worker ended (a crash, or a hang the watchdog ended),
-    /// each in a new worker, so the next request finds it ready; the requests that were on the
-    /// old worker have already failed. Returns how many were reloaded.
+    /// Reloads every model replica whose engine worker ended (a crash, or a hang the watchdog
+    /// ended), each in a new worker, so the next request finds it ready; the requests that were
+    /// on the old worker have already failed, and the other replicas kept serving. Returns how
+    /// many models were reloaded.
     pub async fn restart_ended(&self) -> usize {
         let mut restarted = 0;
         for entry in self.entries() {
-            let Some(m) = entry.current() else { continue };
-            let Some(reason) = m.engine.exit_reason() else { continue };
-            tracing::warn!(model = %m.name, engine = m.engine_id(), "reloading the model: {reason}");
-            metrics::counter!(crate::metrics::ENGINE_RESTARTS, "model" => m.name.clone()).increment(1);
-            drop(m);
-            match self.get(&entry.desc.name).await {
+            let ended: Vec<_> =
+                entry.replicas().into_iter().filter_map(|m| Some((m.engine.exit_reason()?, m))).collect();
+            if ended.is_empty() {
+                continue;
+            }
+            for (reason, m) in &ended {
+                tracing::warn!(model = %m.name, engine = m.engine_id(), device = ?m.device, "reloading the model: {reason}");
+                metrics::counter!(crate::metrics::ENGINE_RESTARTS, "model" => m.name.clone()).increment(1);
+            }
+            drop(ended);
+            match self.load_entry(&entry).await {
                 Ok(_) => restarted += 1,
                 Err(e) => tracing::error!(model = %entry.desc.name, "reloading after the worker ended failed: {e}"),
             }
@@ -123,19 +123,19 @@ impl ModelManager {
         restarted
     }
 
-    /// Unloads the least recently used idle model (nothing running or queued); returns its name.
+    /// Unloads the least recently used idle model replica (nothing running or queued);
+    /// returns its name.
     pub fn unload_least_recently_used(&self) -> Option<String> {
-        let victim = self
+        let (entry, replica, _) = self
             .entries()
             .into_iter()
-            .filter_map(|entry| {
-                let m = entry.current()?;
-                let idle = m.admission.busy() == 0 && m.admission.waiting() == 0;
+            .flat_map(|entry| entry.replicas().into_iter().map(move |m| (entry.clone(), m)))
+            .filter(|(_, m)| m.is_idle())
+            .map(|(entry, m)| {
                 let last = *m.last_used.lock().unwrap();
-                idle.then_some((entry, last))
+                (entry, m, last)
             })
-            .min_by_key(|(_, last)| *last)?;
-        let unloaded = victim.0.loaded.lock().unwrap().take()?;
-        Some(unloaded.name.clone())
+            .min_by_key(|(_, _, last)| *last)?;
+        entry.remove_replica(&replica).then(|| replica.name.clone())
     }
 }

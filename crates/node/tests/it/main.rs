@@ -2,6 +2,7 @@
 
 mod agent;
 mod benchmark;
+mod devices;
 mod http;
 mod isolation;
 mod support;
