@@ -229,7 +229,7 @@ impl Engine for LlamaCppEngine {
             return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
         }
         let started = Instant::now();
-        let model = Arc::new(model::load(&desc.primary_file, self.gpu_layers())?);
+        let model = Arc::new(model::load(&desc.primary_file, self.gpu_layers(), Some(self.config.device_id))?);
         let meta = model::read_meta(&model, &desc.primary_file);
         let defaults = *self.defaults.lock().unwrap();
         let requested_ctx = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };

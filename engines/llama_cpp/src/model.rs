@@ -2,7 +2,7 @@
 
 use crate::backend;
 use llama_cpp_2::context::params::LlamaPoolingType;
-use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llmr_constraint::{TokenBytes, Vocabulary, VocabularyError};
@@ -50,9 +50,14 @@ fn check_gguf(path: &Path) -> Result<(), EngineError> {
     }
 }
 
-pub fn load(path: &Path, gpu_layers: u32) -> Result<LlamaModel, EngineError> {
+/// Loads the model with `gpu_layers` offloaded; `device` (the host's placement, spec 003) keeps
+/// the whole model on that one GPU instead of llama.cpp's default split over every GPU.
+pub fn load(path: &Path, gpu_layers: u32, device: Option<i32>) -> Result<LlamaModel, EngineError> {
     check_gguf(path)?;
-    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    let mut params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    if let Some(device) = device.filter(|&d| d >= 0 && gpu_layers > 0) {
+        params = params.with_main_gpu(device).with_split_mode(LlamaSplitMode::None);
+    }
     backend::clear_last_error();
     LlamaModel::load_from_file(backend::backend(), path, &params).map_err(|e| {
         let why = backend::last_error();
