@@ -6,6 +6,10 @@
 //! kind of thread watches the engine's metrics while calls run and reports a change as
 //! `Progress` (the node's watchdog). The end of the input (the node went away) ends the
 //! process at once, whatever runs.
+//!
+//! Replies go through one writer thread: a token callback runs on the engine's decode thread,
+//! which must not wait on the socket, and the replies that pile up while one write is under way
+//! (the tokens of every sequence in a batched step) leave in the next write, together.
 
 use crate::protocol::{read_line, write_line, EmbedInputs, Outcome, Reply, Request};
 use llmr_engine_host::{
@@ -13,11 +17,11 @@ use llmr_engine_host::{
     SynthesizeParams, TokenEvent, TranscribeParams,
 };
 use std::collections::HashMap;
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// How often the engine's metrics are compared while calls run.
@@ -42,17 +46,32 @@ pub fn serve_stdin() -> i32 {
 struct Worker {
     instance: EngineInstance,
     model_id: String,
-    output: Mutex<UnixStream>,
+    /// To the writer thread (`write_replies`).
+    output: mpsc::Sender<Reply>,
     /// Per running call: set when the node's callback returned false.
     stops: Mutex<HashMap<u64, Arc<AtomicBool>>>,
     running: AtomicUsize,
 }
 
 impl Worker {
-    /// A write that fails means the node is gone: nothing is left to do for anyone.
-    fn send(&self, reply: &Reply) {
-        let mut out = self.output.lock().unwrap_or_else(|e| e.into_inner());
-        if write_line(&mut *out, reply).is_err() {
+    fn send(&self, reply: Reply) {
+        // The writer ends the process when the node is gone, so it outlives every sender.
+        let _ = self.output.send(reply);
+    }
+}
+
+/// The writer thread: each write takes every reply queued by then. A write that fails means
+/// the node is gone: nothing is left to do for anyone.
+fn write_replies(mut output: UnixStream, replies: mpsc::Receiver<Reply>) {
+    let mut bytes = Vec::new();
+    while let Ok(first) = replies.recv() {
+        bytes.clear();
+        for reply in std::iter::once(first).chain(replies.try_iter()) {
+            if write_line(&mut bytes, &reply).is_err() {
+                std::process::exit(2);
+            }
+        }
+        if output.write_all(&bytes).is_err() {
             std::process::exit(0);
         }
     }
@@ -98,13 +117,13 @@ pub fn serve(stream: UnixStream) -> i32 {
     if write_line(&mut output, &loaded).is_err() {
         return 0;
     }
-    let worker = Arc::new(Worker {
-        instance,
-        model_id,
-        output: Mutex::new(output),
-        stops: Mutex::default(),
-        running: AtomicUsize::new(0),
-    });
+    let (replies, queued) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("replies".into())
+        .spawn(move || write_replies(output, queued))
+        .expect("a thread for replies");
+    let worker =
+        Arc::new(Worker { instance, model_id, output: replies, stops: Mutex::default(), running: AtomicUsize::new(0) });
     watch_progress(Arc::downgrade(&worker));
     loop {
         let request = match read_line::<Request>(&mut input, &mut buf) {
@@ -161,7 +180,7 @@ pub fn serve(stream: UnixStream) -> i32 {
                     let result = run_call(&worker, call, &stop);
                     worker.stops.lock().unwrap().remove(&id);
                     worker.running.fetch_sub(1, Ordering::SeqCst);
-                    worker.send(&match result {
+                    worker.send(match result {
                         Ok(outcome) => Reply::Done { call: id, outcome },
                         Err(error) => Reply::Failed { call: id, error },
                     });
@@ -220,7 +239,7 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
             };
             instance
                 .infer(&params, |event: &TokenEvent<'_>| {
-                    worker.send(&Reply::Token {
+                    worker.send(Reply::Token {
                         call,
                         token_id: event.token_id,
                         text: event.text.to_string(),
@@ -234,7 +253,7 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
         }
         Request::Embed { call, request_id, inputs, normalize } => {
             let on_embedding = |index: usize, vector: &[f32]| {
-                worker.send(&Reply::Embedding { call, index, vector: vector.to_vec() });
+                worker.send(Reply::Embedding { call, index, vector: vector.to_vec() });
                 go_on()
             };
             match &inputs {
@@ -264,7 +283,7 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
             };
             instance
                 .transcribe(&params, |segment| {
-                    worker.send(&Reply::Segment { call, segment });
+                    worker.send(Reply::Segment { call, segment });
                     go_on()
                 })
                 .map(|()| Outcome::Unit)
@@ -279,7 +298,7 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
             };
             instance
                 .synthesize(&params, |samples: &[f32], sample_rate| {
-                    worker.send(&Reply::Audio { call, samples: samples.to_vec(), sample_rate });
+                    worker.send(Reply::Audio { call, samples: samples.to_vec(), sample_rate });
                     go_on()
                 })
                 .map(|()| Outcome::Unit)
@@ -328,7 +347,7 @@ fn watch_progress(worker: Weak<Worker>) {
             let Ok(metrics) = worker.instance.metrics() else { continue };
             let now = work_done(&metrics);
             if last.is_some_and(|l| l != now) {
-                worker.send(&Reply::Progress);
+                worker.send(Reply::Progress);
             }
             last = Some(now);
         }

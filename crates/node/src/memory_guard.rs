@@ -1,9 +1,12 @@
 //! The memory guard of spec 000: when the machine's memory in use passes 90%, idle models are
 //! unloaded, least recently used first, one at a time (each unload ends a worker process, whose
 //! memory the kernel takes back before the next reading), before the kernel's out-of-memory
-//! killer picks a victim itself. The node's supervisor runs it with the engine watchdog.
+//! killer picks a victim itself. A GPU past 90% (as its driver reports it) gets the same, for
+//! the models on it. The node's supervisor runs it with the engine watchdog.
 
+use crate::devices::Device;
 use crate::models::ModelManager;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,11 +55,43 @@ pub struct MemoryGuard {
     probe: MemoryProbe,
     /// No decision before this (after an unload, or after a warning that nothing was idle).
     quiet_until: Instant,
+    /// The same, per GPU ordinal.
+    device_quiet_until: HashMap<u32, Instant>,
 }
 
 impl MemoryGuard {
     pub fn new(probe: MemoryProbe) -> Self {
-        MemoryGuard { probe, quiet_until: Instant::now() }
+        MemoryGuard { probe, quiet_until: Instant::now(), device_quiet_until: HashMap::new() }
+    }
+
+    /// One look at the GPUs (`devices`, as their driver reported them just now); unloads at most
+    /// one idle model per GPU past the high-water mark. Returns the models unloaded.
+    pub fn check_devices(&mut self, models: &ModelManager, devices: &[Device]) -> Vec<String> {
+        let mut unloaded = Vec::new();
+        let now = Instant::now();
+        for d in devices.iter().filter(|d| d.memory_total_bytes > 0 && d.memory_free_bytes > 0) {
+            if self.device_quiet_until.get(&d.index).is_some_and(|t| now < *t) {
+                continue;
+            }
+            let used = 1.0 - d.memory_free_bytes as f64 / d.memory_total_bytes as f64;
+            if used <= MEMORY_HIGH_WATER {
+                continue;
+            }
+            let percent = (used * 100.0).round();
+            match models.unload_least_recently_used_on(d.index) {
+                Some(name) => {
+                    tracing::warn!(model = %name, gpu = d.index, "GPU memory {percent}% in use: unloaded the least recently used idle model on it");
+                    metrics::counter!(crate::metrics::MEMORY_UNLOADS, "model" => name.clone()).increment(1);
+                    self.device_quiet_until.insert(d.index, now + SETTLE);
+                    unloaded.push(name);
+                }
+                None => {
+                    tracing::warn!(gpu = d.index, "GPU memory {percent}% in use and no idle model on it to unload");
+                    self.device_quiet_until.insert(d.index, now + Duration::from_secs(30));
+                }
+            }
+        }
+        unloaded
     }
 
     /// One look at memory; unloads at most one idle model. Returns the model unloaded.

@@ -269,6 +269,9 @@ impl Node {
     }
 }
 
+/// How often the memory guard reads the GPUs' memory.
+const DEVICE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How often the supervisor looks for engine workers that ended.
 const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -280,10 +283,19 @@ async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard, restart: R
     let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut plugins = PluginWatcher::default();
+    let mut devices_read = std::time::Instant::now();
     loop {
         tick.tick().await;
         models.restart_ended().await;
         guard.check(&models);
+        // GPUs are read less often: `nvidia-smi` takes tens of milliseconds.
+        if models.devices().has_devices() && devices_read.elapsed() >= DEVICE_POLL {
+            devices_read = std::time::Instant::now();
+            let inventory = models.devices().clone();
+            if let Ok(devices) = tokio::task::spawn_blocking(move || inventory.devices()).await {
+                guard.check_devices(&models, &devices);
+            }
+        }
         plugins.check(&models).await;
         models.restart_aged(&restart).await;
     }

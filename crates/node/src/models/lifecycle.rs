@@ -2,7 +2,7 @@
 //! ended, moving models to a new version of their plugin (hot reload), periodic restarts, and
 //! unloading under memory pressure. The supervisor task of the node (`node.rs`) drives them.
 
-use super::{CatalogEntry, ModelManager};
+use super::{CatalogEntry, LoadedModel, ModelManager};
 use crate::error::NodeError;
 use llmr_engine_host::Plugin;
 use std::sync::atomic::Ordering;
@@ -126,16 +126,27 @@ impl ModelManager {
     /// Unloads the least recently used idle model replica (nothing running or queued);
     /// returns its name.
     pub fn unload_least_recently_used(&self) -> Option<String> {
+        self.unload_idle_where(|_| true).map(|m| m.name.clone())
+    }
+
+    /// Unloads the least recently used idle replica that `which` accepts; returns it (its
+    /// engine ends when the returned `Arc` is dropped).
+    pub(super) fn unload_idle_where(&self, which: impl Fn(&LoadedModel) -> bool) -> Option<Arc<LoadedModel>> {
         let (entry, replica, _) = self
             .entries()
             .into_iter()
             .flat_map(|entry| entry.replicas().into_iter().map(move |m| (entry.clone(), m)))
-            .filter(|(_, m)| m.is_idle())
+            .filter(|(_, m)| m.is_idle() && which(m))
             .map(|(entry, m)| {
                 let last = *m.last_used.lock().unwrap();
                 (entry, m, last)
             })
             .min_by_key(|(_, _, last)| *last)?;
-        entry.remove_replica(&replica).then(|| replica.name.clone())
+        entry.remove_replica(&replica).then_some(replica)
+    }
+
+    /// Unloads the least recently used idle replica on GPU `device`; returns its name.
+    pub fn unload_least_recently_used_on(&self, device: u32) -> Option<String> {
+        self.unload_idle_where(|m| m.device == Some(device)).map(|m| m.name.clone())
     }
 }

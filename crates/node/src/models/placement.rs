@@ -115,15 +115,9 @@ impl ModelManager {
     /// Unloads the least recently used idle copy of a model on a GPU; returns its GPU and the
     /// bytes it held, if there was one.
     fn unload_idle_on_gpu(&self) -> Option<(u32, u64)> {
-        let victim = self
-            .entries()
-            .into_iter()
-            .flat_map(|entry| entry.replicas().into_iter().map(move |m| (entry.clone(), m)))
-            .filter(|(_, m)| m.device.is_some() && m.is_idle())
-            .min_by_key(|(_, m)| *m.last_used.lock().unwrap());
-        let (entry, m) = victim?;
-        tracing::info!(model = %m.name, device = ?m.device, "unloading (least recently used) to make room on a GPU");
-        entry.remove_replica(&m).then_some((m.device?, m.footprint))
+        let m = self.unload_idle_where(|m| m.device.is_some())?;
+        tracing::info!(model = %m.name, device = ?m.device, "unloaded (least recently used) to make room on a GPU");
+        Some((m.device?, m.footprint))
     }
 
     /// The GPUs and their memory now, for the router (blocking: may run `nvidia-smi`).

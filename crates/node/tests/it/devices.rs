@@ -162,3 +162,19 @@ async fn replicas_take_requests_in_turn_and_a_crashed_one_is_skipped_until_it_is
     wait_until(60, "both replicas serve again", || placed(&models, "a").len() == 2).await;
     assert_eq!(placed(&node.models, "a"), [(Some(1), 1), (Some(2), 2)], "back on the GPU it left");
 }
+
+/// Spec 000's memory guard on GPUs: a GPU past 90% in use (as its driver reports it) has its
+/// idle models unloaded; the models on other GPUs stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_past_ninety_percent_unloads_its_idle_models_only() {
+    let node = start(vec![gpu(0, 16, 10), gpu(1, 16, 12)], &[("a", GIB), ("b", GIB)], 1).await;
+    assert_eq!(complete(&node.url, "a", "one").await.0, 200);
+    node.gpus.lock().unwrap()[1].memory_free_bytes = 6 * GIB;
+    assert_eq!(complete(&node.url, "b", "one").await.0, 200);
+    assert_eq!((placed(&node.models, "a"), placed(&node.models, "b")), (vec![(Some(1), 1)], vec![(Some(0), 0)]));
+    // Another process fills GPU 0.
+    node.gpus.lock().unwrap()[0].memory_free_bytes = GIB;
+    let models = node.models.clone();
+    wait_until(30, "b is unloaded from the full GPU", || placed(&models, "b").is_empty()).await;
+    assert_eq!(placed(&node.models, "a"), [(Some(1), 1)], "the model on the other GPU stays");
+}
