@@ -129,12 +129,15 @@ impl WorkerEngine {
     /// `config` and loads `spec` (blocking, as a load in process does). A worker that fails to
     /// load says why; one that dies while loading is a LOAD_FAILED naming how it ended.
     /// `watchdog`: a call with no progress for this long is a hang, which ends the worker.
+    /// `load_timeout`: a load that has not ended by then is a hang too (a load reports no
+    /// progress), a TIMEOUT, and the worker is killed.
     pub fn spawn(
         command: &WorkerCommand,
         plugin_dir: &Path,
         config: &InstanceConfig,
         spec: &ModelSpec,
         watchdog: Option<Duration>,
+        load_timeout: Option<Duration>,
     ) -> Result<WorkerEngine, CallError> {
         let failed = |message: String| CallError { status: EngineStatus::LoadFailed, message };
         let io_failed = |what: &str, e: io::Error| failed(format!("engine worker: {what}: {e}"));
@@ -153,9 +156,25 @@ impl WorkerEngine {
             .map_err(|e| io_failed(&format!("cannot start {}", command.program.display()), e))?;
         let pid = child.id();
         let mut output = ours.try_clone().map_err(|e| io_failed("socket", e))?;
+        ours.set_read_timeout(load_timeout).map_err(|e| io_failed("socket", e))?;
         let mut input = BufReader::new(ours);
         let load = Request::Load { plugin_dir: plugin_dir.to_path_buf(), config: config.clone(), spec: spec.clone() };
         let first = write_line(&mut output, &load).and_then(|()| read_line::<Reply>(&mut input, &mut String::new()));
+        if let (Err(e), Some(limit)) = (&first, load_timeout) {
+            if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CallError {
+                    status: EngineStatus::Timeout,
+                    message: format!(
+                        "the engine worker for model '{}' did not finish loading it within {} s; it was ended",
+                        spec.model_id,
+                        limit.as_secs()
+                    ),
+                });
+            }
+        }
+        input.get_ref().set_read_timeout(None).map_err(|e| io_failed("socket", e))?;
         let (info, capabilities, version) = match first {
             Ok(Some(Reply::Loaded { info, capabilities, version })) => (*info, capabilities, version),
             Ok(Some(Reply::LoadFailed { error })) => {

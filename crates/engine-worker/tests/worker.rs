@@ -30,7 +30,7 @@ fn setup(delay_ms: u64) -> Setup {
 fn spawn(setup: &Setup, watchdog: Option<Duration>) -> Result<WorkerEngine, CallError> {
     let spec = ModelSpec::new("m", Format::Gguf, setup.model.display().to_string());
     let config = InstanceConfig { slots: 4, ..Default::default() };
-    WorkerEngine::spawn(&command(), &setup.plugin_dir, &config, &spec, watchdog)
+    WorkerEngine::spawn(&command(), &setup.plugin_dir, &config, &spec, watchdog, None)
 }
 
 fn generate(engine: &WorkerEngine, request_id: u64, prompt: &str) -> Result<(String, FinishReason), CallError> {
@@ -185,16 +185,47 @@ fn a_generation_slower_than_the_watchdog_in_total_is_not_a_hang() {
 fn a_load_failure_is_the_engines_error_and_the_worker_exits() {
     let setup = setup(0);
     let spec = ModelSpec::new("m", Format::Gguf, setup.model.with_extension("missing").display().to_string());
-    let err = WorkerEngine::spawn(&command(), &setup.plugin_dir, &InstanceConfig::default(), &spec, None)
+    let err = WorkerEngine::spawn(&command(), &setup.plugin_dir, &InstanceConfig::default(), &spec, None, None)
         .err()
         .expect("a missing model file fails the load");
     assert_eq!(err.status, EngineStatus::LoadFailed);
     assert!(err.message.contains("model file not found"), "{err:?}");
 
-    let err = WorkerEngine::spawn(&command(), Path::new("/nonexistent"), &InstanceConfig::default(), &spec, None)
+    let err = WorkerEngine::spawn(&command(), Path::new("/nonexistent"), &InstanceConfig::default(), &spec, None, None)
         .err()
         .expect("no plugin there");
     assert_eq!(err.status, EngineStatus::LoadFailed);
+}
+
+#[test]
+fn a_load_that_hangs_is_a_timeout_and_the_worker_is_ended() {
+    let setup = setup(0);
+    let spec = ModelSpec::new("m-LLMR_HANG", Format::Gguf, setup.model.display().to_string());
+    let started = Instant::now();
+    let err = WorkerEngine::spawn(
+        &command(),
+        &setup.plugin_dir,
+        &InstanceConfig::default(),
+        &spec,
+        None,
+        Some(Duration::from_secs(1)),
+    )
+    .err()
+    .expect("a load that never ends fails");
+    assert_eq!(err.status, EngineStatus::Timeout, "{err:?}");
+    assert!(err.message.contains("did not finish loading it within 1 s"), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(60), "the caller was not held past the limit");
+    // The same model id without the magic loads within the limit.
+    let spec = ModelSpec::new("m", Format::Gguf, setup.model.display().to_string());
+    let engine = WorkerEngine::spawn(
+        &command(),
+        &setup.plugin_dir,
+        &InstanceConfig::default(),
+        &spec,
+        None,
+        Some(Duration::from_secs(60)),
+    );
+    assert!(engine.is_ok());
 }
 
 #[test]

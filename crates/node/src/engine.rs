@@ -78,13 +78,21 @@ pub enum EngineIsolation {
         command: WorkerCommand,
         /// An engine call with no progress (no token, segment or audio, and no change in the
         /// engine's work counters) for this long is a hang: its worker is ended and its
-        /// requests fail with 504. `None`: no watchdog.
+        /// requests fail with 504. A load is watched by time alone (`load_time_limit`). `None`:
+        /// no watchdog.
         watchdog: Option<Duration>,
     },
 }
 
 /// The spec's watchdog time (spec 000: 30 s).
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
+
+/// How long a model's load may take before it counts as hung (where the watchdog is on): a load
+/// reports no progress, and a big model on a slow disk legitimately takes minutes, so 5 minutes
+/// and a minute per GiB of files (a disk slower than 17 MB/s).
+pub fn load_time_limit(size_bytes: u64) -> Duration {
+    Duration::from_secs(300 + 60 * size_bytes.div_ceil(1 << 30))
+}
 
 /// Settings the node passes to every engine instance it creates.
 #[derive(Debug, Clone, Default)]
@@ -261,7 +269,9 @@ impl IsolatedEngine {
         settings: &EngineSettings,
     ) -> Result<Self, CallError> {
         let spec = model_spec(desc, settings);
-        let worker = WorkerEngine::spawn(command, &plugin.dir, &instance_config(settings), &spec, watchdog)?;
+        let load_timeout = watchdog.map(|_| load_time_limit(desc.size_bytes));
+        let worker =
+            WorkerEngine::spawn(command, &plugin.dir, &instance_config(settings), &spec, watchdog, load_timeout)?;
         if worker.version() != plugin.info.version {
             // The files changed since the node read them: what runs is what the worker loaded.
             tracing::warn!(

@@ -8,7 +8,8 @@
 //! how the node reads answers of templates such as reasoning models'). With the parameter
 //! `crash_on_demand` set, a prompt containing `LLMR_CRASH_SEGFAULT`, `LLMR_CRASH_ABORT` or
 //! `LLMR_HANG` makes `infer` write through an invalid pointer, abort the process, or block
-//! forever without progress: the failures an engine worker must contain (issue 16).
+//! forever without progress: the failures an engine worker must contain (issue 16); a model
+//! whose id contains one does the same in `load_model`.
 
 use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::{
@@ -83,6 +84,10 @@ impl Engine for EchoEngine {
     }
 
     fn load_model(&self, desc: ModelDesc) -> Result<(), EngineError> {
+        if self.crash_on_demand {
+            // A model named so hangs (or crashes) its load: the node's load timeout.
+            fail_on_demand(&desc.model_id);
+        }
         if !desc.primary_file.is_file() {
             return Err(EngineError::load_failed(format!("model file not found: {}", desc.primary_file.display())));
         }
