@@ -348,7 +348,7 @@ impl ModelManager {
         let have = entry.replicas();
         let taken: Vec<u32> = have.iter().filter_map(|m| m.device).collect();
         let footprint = estimate_footprint(&entry.desc);
-        let placements = match self.place(entry, footprint, have.len(), &taken) {
+        let placements = match self.place(&entry.plugin, name, footprint, have.len(), &taken) {
             Ok(p) => p,
             // Some replicas serve: fewer than asked is not an error.
             Err(e) if !have.is_empty() => {

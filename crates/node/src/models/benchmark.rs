@@ -226,18 +226,34 @@ impl ModelManager {
             if !measured.is_empty() || self.benchmarks.failed.lock().unwrap().contains(&key) {
                 continue;
             }
-            if let Err(e) = self.make_room("", estimate_footprint(desc)) {
-                tracing::warn!(model = name, "benchmark postponed: {e}");
-                return;
+            // Room for one more copy, where a copy of the model would go.
+            let footprint = estimate_footprint(desc);
+            let placement = match self.place(plugin, name, footprint, 0, &[]) {
+                Ok(placements) => placements.into_iter().next().flatten(),
+                Err(e) => {
+                    tracing::warn!(model = name, "benchmark postponed: {e}");
+                    return;
+                }
+            };
+            if placement.is_none() {
+                if let Err(e) = self.make_room("", footprint) {
+                    tracing::warn!(model = name, "benchmark postponed: {e}");
+                    return;
+                }
             }
             let isolation = self.policy.isolation.clone();
-            let settings = crate::engine::EngineSettings { slots: 1, ..self.policy.engine.clone() };
+            let settings = crate::engine::EngineSettings {
+                slots: 1,
+                device: placement.as_ref().map(|p| p.device.clone()),
+                ..self.policy.engine.clone()
+            };
             let (p, d) = (plugin.clone(), desc.clone());
             let outcome = tokio::task::spawn_blocking(move || {
                 let engine = load_engine(&isolation, &p, &d, &settings)?;
                 measure(engine.as_ref(), &p, &d)
             })
             .await;
+            drop(placement);
             match outcome {
                 Ok(Ok(b)) => {
                     tracing::info!(

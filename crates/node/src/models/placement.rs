@@ -8,10 +8,10 @@
 //! When no GPU has room for a model with no copy loaded, idle models on GPUs are unloaded least
 //! recently used first, as the host's budget does.
 
-use super::{CatalogEntry, ModelManager};
+use super::ModelManager;
 use crate::devices::Device;
 use crate::error::NodeError;
-use llmr_engine_host::GpuBackend;
+use llmr_engine_host::{GpuBackend, Plugin};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -47,18 +47,19 @@ impl Drop for Placement {
 }
 
 impl ModelManager {
-    /// Where to load `entry`'s missing copies: `None` for one on the host (a CPU plugin, or no
-    /// GPU to read), else a GPU each, the ones with the most free memory first, none of them in
-    /// `taken` (a GPU holds one copy). Empty when no copy is missing, or when none fits and
-    /// `have` copies serve already.
+    /// Where to load the missing copies of `model` run by `plugin`: `None` for one on the host
+    /// (a CPU plugin, or no GPU to read), else a GPU each, the ones with the most free memory
+    /// first, none of them in `taken` (a GPU holds one copy). Empty when no copy is missing, or
+    /// when none fits and `have` copies serve already.
     pub(super) fn place(
         &self,
-        entry: &CatalogEntry,
+        plugin: &Plugin,
+        model: &str,
         footprint: u64,
         have: usize,
         taken: &[u32],
     ) -> Result<Vec<Option<Placement>>, NodeError> {
-        let on_gpu = self.policy.devices.has_devices() && entry.plugin.manifest.gpu_backends[0] != GpuBackend::Cpu;
+        let on_gpu = self.policy.devices.has_devices() && plugin.manifest.gpu_backends[0] != GpuBackend::Cpu;
         if !on_gpu {
             return Ok(if have == 0 { vec![None] } else { Vec::new() });
         }
@@ -94,7 +95,7 @@ impl ModelManager {
             }
             let Some((device, bytes)) = self.unload_idle_on_gpu() else {
                 return Err(NodeError::NoDeviceMemory {
-                    model: entry.desc.name.clone(),
+                    model: model.to_owned(),
                     needed_mib: footprint >> 20,
                     free_mib: room.first().map_or(0, |(_, free)| free >> 20),
                 });
