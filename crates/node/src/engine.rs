@@ -65,6 +65,11 @@ pub trait Engine: Send + Sync {
     fn peak_memory_bytes(&self) -> Option<u64> {
         None
     }
+    /// The memory the engine holds now, where it can be told apart from the node's (its
+    /// worker's resident set).
+    fn resident_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Where plugins run.
@@ -351,14 +356,18 @@ impl Engine for IsolatedEngine {
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
-        peak_resident_bytes(self.worker.pid())
+        process_memory(self.worker.pid(), "VmHWM:")
+    }
+
+    fn resident_bytes(&self) -> Option<u64> {
+        process_memory(self.worker.pid(), "VmRSS:")
     }
 }
 
-/// A process's peak resident set (`VmHWM` of Linux's `/proc/PID/status`).
-fn peak_resident_bytes(pid: u32) -> Option<u64> {
+/// A field in KiB of Linux's `/proc/PID/status` (`VmRSS:`, `VmHWM:` the peak), in bytes.
+fn process_memory(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib << 10)
 }

@@ -17,6 +17,9 @@ pub const MEMORY_HIGH_WATER: f64 = 0.9;
 /// takes to exit and give its memory back.
 const SETTLE: Duration = Duration::from_secs(2);
 
+/// A model's worker is restarted for memory at most this often.
+const RESTART_SPACING: Duration = Duration::from_secs(600);
+
 /// Where the guard reads the share of memory in use (0..1); `None`: unknown, nothing is done.
 #[derive(Clone)]
 pub struct MemoryProbe(pub Arc<dyn Fn() -> Option<f64> + Send + Sync>);
@@ -57,11 +60,18 @@ pub struct MemoryGuard {
     quiet_until: Instant,
     /// The same, per GPU ordinal.
     device_quiet_until: HashMap<u32, Instant>,
+    /// Models whose worker the guard restarted, and when.
+    restarted: HashMap<String, Instant>,
 }
 
 impl MemoryGuard {
     pub fn new(probe: MemoryProbe) -> Self {
-        MemoryGuard { probe, quiet_until: Instant::now(), device_quiet_until: HashMap::new() }
+        MemoryGuard {
+            probe,
+            quiet_until: Instant::now(),
+            device_quiet_until: HashMap::new(),
+            restarted: HashMap::new(),
+        }
     }
 
     /// One look at the GPUs (`devices`, as their driver reported them just now); unloads at most
@@ -94,7 +104,8 @@ impl MemoryGuard {
         unloaded
     }
 
-    /// One look at memory; unloads at most one idle model. Returns the model unloaded.
+    /// One look at memory; unloads at most one idle model, or with none idle restarts one
+    /// worker. Returns the model unloaded or restarted.
     pub fn check(&mut self, models: &ModelManager) -> Option<String> {
         if Instant::now() < self.quiet_until {
             return None;
@@ -112,9 +123,29 @@ impl MemoryGuard {
                 Some(name)
             }
             None => {
-                tracing::warn!("memory {percent}% in use and no idle model to unload");
-                self.quiet_until = Instant::now() + Duration::from_secs(30);
-                None
+                // Spec 000: still short with nothing idle, restart a worker (the largest; each
+                // model at most once per `RESTART_SPACING`, since memory other processes hold
+                // does not come back this way).
+                let now = Instant::now();
+                self.restarted.retain(|_, at| now.duration_since(*at) < RESTART_SPACING);
+                let spared: Vec<String> = self.restarted.keys().cloned().collect();
+                self.quiet_until = now + Duration::from_secs(30);
+                match models.restart_largest_worker(&spared) {
+                    Some((name, bytes)) => {
+                        tracing::warn!(
+                            model = %name,
+                            resident_mib = bytes >> 20,
+                            "memory {percent}% in use and no idle model to unload: restarting the largest engine worker once its requests finish"
+                        );
+                        metrics::counter!(crate::metrics::MEMORY_RESTARTS, "model" => name.clone()).increment(1);
+                        self.restarted.insert(name.clone(), now);
+                        Some(name)
+                    }
+                    None => {
+                        tracing::warn!("memory {percent}% in use and no idle model to unload or worker to restart");
+                        None
+                    }
+                }
             }
         }
     }

@@ -24,6 +24,7 @@ pub const PREFIX_CACHE_BYTES: &str = "llmr_prefix_cache_bytes";
 pub const MODEL_LOADS: &str = "llmr_model_loads_total";
 pub const ENGINE_RESTARTS: &str = "llmr_engine_worker_restarts_total";
 pub const MEMORY_UNLOADS: &str = "llmr_memory_pressure_unloads_total";
+pub const MEMORY_RESTARTS: &str = "llmr_memory_pressure_restarts_total";
 pub const PLUGIN_RELOADS: &str = "llmr_engine_plugin_reloads_total";
 pub const KV_BYTES: &str = "llmr_kv_cache_bytes";
 pub const KV_BUDGET_BYTES: &str = "llmr_kv_cache_budget_bytes";
@@ -102,6 +103,10 @@ fn describe() {
     metrics::describe_counter!(
         MEMORY_UNLOADS,
         "Idle models unloaded because memory in use passed 90% (spec 000), by model"
+    );
+    metrics::describe_counter!(
+        MEMORY_RESTARTS,
+        "Engine workers restarted because memory stayed past 90% with no idle model left (spec 000), by model"
     );
     metrics::describe_counter!(
         ENGINE_RESTARTS,

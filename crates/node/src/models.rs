@@ -41,6 +41,9 @@ pub struct CatalogEntry {
     replicas: Mutex<Vec<Arc<LoadedModel>>>,
     /// Round-robin position among the replicas.
     next_replica: AtomicUsize,
+    /// Replicas taken out while serving (`retire`): the next load waits until their last
+    /// request has finished and they are gone, so the model is never held twice.
+    retiring: Mutex<Vec<std::sync::Weak<LoadedModel>>>,
     /// Held while loading, so concurrent first requests wait for one load.
     loading: tokio::sync::Mutex<()>,
 }
@@ -53,6 +56,7 @@ impl CatalogEntry {
             created,
             replicas: Mutex::default(),
             next_replica: AtomicUsize::new(0),
+            retiring: Mutex::default(),
             loading: tokio::sync::Mutex::new(()),
         }
     }
@@ -75,6 +79,29 @@ impl CatalogEntry {
         }
         let i = self.next_replica.fetch_add(1, Ordering::Relaxed) % live.len();
         Some(live[i].clone())
+    }
+
+    /// Takes `replica` out while its requests finish; the next load of the model waits for them.
+    fn retire(&self, replica: &Arc<LoadedModel>) -> bool {
+        let removed = self.remove_replica(replica);
+        if removed {
+            self.retiring.lock().unwrap().push(Arc::downgrade(replica));
+        }
+        removed
+    }
+
+    /// Waits until every retired replica is gone (its last request finished).
+    async fn retired(&self) {
+        loop {
+            {
+                let mut retiring = self.retiring.lock().unwrap();
+                retiring.retain(|w| w.strong_count() > 0);
+                if retiring.is_empty() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// Takes `replica` out (unloaded once its requests finish); returns whether it was there.
@@ -344,6 +371,7 @@ impl ModelManager {
     async fn load_entry(&self, entry: &Arc<CatalogEntry>) -> Result<Arc<LoadedModel>, NodeError> {
         let name = entry.desc.name.as_str();
         let _loading = entry.loading.lock().await;
+        entry.retired().await;
         entry.replicas.lock().unwrap().retain(|m| m.engine.exit_reason().is_none());
         let have = entry.replicas();
         let taken: Vec<u32> = have.iter().filter_map(|m| m.device).collect();

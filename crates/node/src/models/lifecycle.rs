@@ -145,6 +145,25 @@ impl ModelManager {
         entry.remove_replica(&replica).then_some(replica)
     }
 
+    /// Restarts the engine worker holding the most memory (spec 000: memory still short with
+    /// nothing idle to unload) among those not in `spared`: it takes no new request, finishes
+    /// the ones it has and ends; the model loads in a new worker on its next request, once the
+    /// old is gone (never both at once). Returns the model's name and the worker's resident
+    /// bytes.
+    pub fn restart_largest_worker(&self, spared: &[String]) -> Option<(String, u64)> {
+        let (entry, replica, bytes) = self
+            .entries()
+            .into_iter()
+            .filter(|entry| !spared.contains(&entry.desc.name))
+            .flat_map(|entry| entry.replicas().into_iter().map(move |m| (entry.clone(), m)))
+            .filter_map(|(entry, m)| {
+                let bytes = m.engine.resident_bytes()?;
+                Some((entry, m, bytes))
+            })
+            .max_by_key(|(_, _, bytes)| *bytes)?;
+        entry.retire(&replica).then(|| (replica.name.clone(), bytes))
+    }
+
     /// Unloads the least recently used idle replica on GPU `device`; returns its name.
     pub fn unload_least_recently_used_on(&self, device: u32) -> Option<String> {
         self.unload_idle_where(|m| m.device == Some(device)).map(|m| m.name.clone())

@@ -224,6 +224,43 @@ async fn memory_pressure_unloads_the_least_recently_used_idle_model() {
     assert_eq!(ok_answer(&node.url, "a").await, "back again");
 }
 
+/// Spec 000's last step: memory still past 90% with nothing idle to unload restarts the engine
+/// worker holding the most memory, without failing its requests: it takes no new request,
+/// finishes its stream, ends, and the model loads in a new worker on its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_pressure_with_nothing_idle_restarts_the_largest_worker_after_its_requests() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pressure = std::sync::Arc::new(AtomicBool::new(false));
+    let probe = {
+        let pressure = pressure.clone();
+        llmr_node::memory_guard::MemoryProbe(std::sync::Arc::new(move || {
+            Some(if pressure.load(Ordering::SeqCst) { 0.95 } else { 0.5 })
+        }))
+    };
+    let node = start_with(25, Duration::from_secs(30), probe, RestartPolicy::default()).await;
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+    let models = node.node_models.clone();
+    let old_a = std::sync::Arc::downgrade(&models.loaded().into_iter().find(|m| m.name == "a").unwrap());
+    let (first, stream) = stream_in_background(&node.url, "a", 200);
+    first.await.unwrap();
+
+    pressure.store(true, Ordering::SeqCst);
+    wait_until(30, "a's busy worker is taken out", || models.loaded().iter().all(|m| m.name != "a")).await;
+    pressure.store(false, Ordering::SeqCst);
+    // Its stream runs to the end on the old worker.
+    let events = stream.await.unwrap();
+    assert!(!events.iter().any(|e| e.contains("\"error\"")), "{events:?}");
+    let text: String = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text.split_whitespace().count(), 200);
+    // Then the old worker is gone, and a new one serves.
+    wait_until(30, "the old engine is dropped", || old_a.strong_count() == 0).await;
+    assert_eq!(ok_answer(&node.url, "a").await, "back again");
+}
+
 /// Spec 003's hot reload under load: requests at concurrency 8 while the plugin's folder gets a
 /// new version; none fails and the new version serves afterwards. Then an ABI-incompatible
 /// version is refused and the one before keeps serving.
