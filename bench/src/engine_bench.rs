@@ -268,7 +268,7 @@ fn main() -> Result<()> {
         }
         Some(program) => {
             let command = WorkerCommand { program: program.clone(), args: args.worker_arg.clone() };
-            Engine::Worker(Box::new(WorkerEngine::spawn(&command, &args.plugin, &config, &spec, None)?))
+            Engine::Worker(Box::new(WorkerEngine::spawn(&command, &args.plugin, &config, &spec, None, None)?))
         }
     };
     let mut out = serde_json::json!({
