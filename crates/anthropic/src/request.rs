@@ -121,6 +121,9 @@ pub struct WireToolChoice {
 pub struct Thinking {
     #[serde(rename = "type")]
     pub kind: String,
+    /// Tokens the model may think (with `enabled`); then its thinking is closed for it.
+    #[serde(default)]
+    pub budget_tokens: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -220,6 +223,7 @@ struct Conversation {
     parallel_tool_calls: bool,
     template_kwargs: serde_json::Map<String, Value>,
     continue_final_message: bool,
+    thinking_budget: Option<u32>,
 }
 
 impl Conversation {
@@ -246,6 +250,7 @@ impl Conversation {
             n: 1,
             continue_final_message: self.continue_final_message,
             add_generation_prompt: true,
+            thinking_budget: self.thinking_budget,
         }
     }
 
@@ -292,6 +297,7 @@ impl Conversation {
         let tools = convert_tools(tools.unwrap_or_default())?;
         let (tool_choice, parallel_tool_calls) = convert_tool_choice(tool_choice, &tools)?;
         let mut template_kwargs = serde_json::Map::new();
+        let thinking_budget = thinking.as_ref().filter(|t| t.kind == "enabled").and_then(|t| t.budget_tokens);
         if let Some(thinking) = thinking {
             let enable = match thinking.kind.as_str() {
                 "enabled" | "adaptive" => true,
@@ -314,6 +320,7 @@ impl Conversation {
             parallel_tool_calls,
             template_kwargs,
             continue_final_message,
+            thinking_budget,
         })
     }
 }

@@ -107,6 +107,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             n: 1,
             continue_final_message: false,
             add_generation_prompt: true,
+            thinking_budget: None,
         };
         let (prompt, _) = render_chat(&model, &request)?;
         let input = GenerationInput { prompt, sampling, endpoint: "run", arrived: Instant::now() };

@@ -11,7 +11,9 @@ use crate::cache::{CacheKey, CachedGeneration, GenerationCache};
 use crate::error::NodeError;
 use crate::metrics as m;
 use crate::models::LoadedModel;
-use llmr_engine_host::{Constraint, FinishReason, InferParams, Sampling, TokenLogprob};
+use crate::thinking_budget::{BudgetWatch, ThinkingBudget};
+use llmr_engine_host::{Constraint, FinishReason, InferParams, InferResult, Sampling, TokenLogprob};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,22 +34,31 @@ pub struct Prompt {
     pub constraint: Option<(Constraint, &'static str)>,
     /// The prompt as token ids, used as given (`text` is then empty).
     pub tokens: Option<Vec<u32>>,
+    /// A reasoning model's thinking is cut after this many tokens (`thinking_budget.rs`).
+    pub thinking_budget: Option<ThinkingBudget>,
 }
 
 impl Prompt {
     /// A prompt rendered by a chat template (which writes any BOS itself).
     pub fn rendered(text: String) -> Self {
-        Prompt { text, add_bos: false, parse_special: true, constraint: None, tokens: None }
+        Prompt { text, add_bos: false, parse_special: true, constraint: None, tokens: None, thinking_budget: None }
     }
 
     /// A raw prompt, as llama-server takes it: the model's BOS, and special tokens honoured.
     pub fn raw(text: String) -> Self {
-        Prompt { text, add_bos: true, parse_special: true, constraint: None, tokens: None }
+        Prompt { text, add_bos: true, parse_special: true, constraint: None, tokens: None, thinking_budget: None }
     }
 
     /// A prompt given as token ids (OpenAI's arrays of integers): the engine reads them as they are.
     pub fn tokens(ids: Vec<u32>) -> Self {
-        Prompt { text: String::new(), add_bos: false, parse_special: false, constraint: None, tokens: Some(ids) }
+        Prompt {
+            text: String::new(),
+            add_bos: false,
+            parse_special: false,
+            constraint: None,
+            tokens: Some(ids),
+            thinking_budget: None,
+        }
     }
 }
 
@@ -124,7 +135,7 @@ pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u
 /// The settings besides the prompt text that decide a greedy output, for the cache key.
 fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
     format!(
-        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?} tokens={:?}",
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?} tokens={:?} thinking={:?}",
         s.max_tokens,
         s.top_k,
         s.top_p,
@@ -136,7 +147,8 @@ fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
         prompt.add_bos,
         prompt.parse_special,
         s.constraint,
-        prompt.tokens
+        prompt.tokens,
+        prompt.thinking_budget
     )
 }
 
@@ -202,14 +214,15 @@ fn start(
             parse_special: prompt.parse_special,
             add_bos: prompt.add_bos,
             prompt_tokens: ids.as_deref(),
-            ..InferParams::new(request_id, &model.name, &prompt.text, sampling)
+            ..InferParams::new(request_id, &model.name, &prompt.text, sampling.clone())
         };
         let want_logprobs = params.sampling.logprobs.is_some();
         let labels = [("model", model.name.clone()), ("endpoint", endpoint.to_owned())];
         let mut first: Option<Instant> = None;
         let mut last = arrived;
-        let mut pieces: Option<Vec<String>> = cache.as_ref().map(|_| Vec::new());
-        let result = model.engine.generate(&params, &mut |ev| {
+        let pieces: RefCell<Option<Vec<String>>> = RefCell::new(cache.as_ref().map(|_| Vec::new()));
+        let watch = prompt.thinking_budget.clone().filter(|_| ids.is_none()).map(|b| RefCell::new(BudgetWatch::new(b)));
+        let mut on_token = |ev: &llmr_engine_host::TokenEvent<'_>| {
             let now = Instant::now();
             match first {
                 None => {
@@ -228,11 +241,48 @@ fn start(
                 top: ev.top.iter().map(|t| (t.text.clone(), t.logprob)).collect(),
             });
             let text = ev.text.to_string();
-            if let Some(p) = pieces.as_mut() {
+            if let Some(p) = pieces.borrow_mut().as_mut() {
                 p.push(text.clone());
             }
-            tx.send(GenEvent::Piece(Piece { text, logprob })).is_ok()
-        });
+            let within_budget = watch.as_ref().is_none_or(|w| w.borrow_mut().push(&text));
+            tx.send(GenEvent::Piece(Piece { text, logprob })).is_ok() && within_budget
+        };
+        let mut result = model.engine.generate(&params, &mut on_token);
+        // The thinking budget spent: close the thinking and generate the answer after it.
+        if let (Some(cell), Ok(cut)) = (&watch, &result) {
+            let watch = cell.borrow();
+            let remaining = sampling.max_tokens.map(|m| m.saturating_sub(cut.completion_tokens));
+            if watch.cut() && cut.finish_reason == FinishReason::Cancelled && remaining != Some(0) {
+                let budget = watch.budget().clone();
+                let closing = budget.closing();
+                let continued = format!("{}{}{closing}", prompt.text, watch.text());
+                drop(watch);
+                // The thinking is closed now: the answer's tokens are not counted.
+                cell.borrow_mut().push(&closing);
+                if let Some(p) = pieces.borrow_mut().as_mut() {
+                    p.push(closing.clone());
+                }
+                let _ = tx.send(GenEvent::Piece(Piece { text: closing, logprob: None }));
+                let mut sampling = sampling.clone();
+                sampling.max_tokens = remaining;
+                if let Some(c) = budget.answer_constraint {
+                    sampling.constraint = Some(c);
+                }
+                let params = InferParams {
+                    parse_special: prompt.parse_special,
+                    add_bos: prompt.add_bos,
+                    ..InferParams::new(request_id, &model.name, &continued, sampling)
+                };
+                let thought = *cut;
+                result = model.engine.generate(&params, &mut on_token).map(|answer| InferResult {
+                    prompt_tokens: thought.prompt_tokens,
+                    cached_tokens: thought.cached_tokens,
+                    completion_tokens: thought.completion_tokens + answer.completion_tokens,
+                    generation_ns: thought.generation_ns + answer.generation_ns,
+                    ..answer
+                });
+            }
+        }
         finished.store(true, Ordering::Release);
         let done = match result {
             Ok(r) => {
@@ -245,7 +295,7 @@ fn start(
                 }
                 let stopped = r.finish_reason == FinishReason::Stop;
                 if let (Some((cache, key)), Some(pieces), true) =
-                    (cache, pieces, r.finish_reason != FinishReason::Cancelled)
+                    (cache, pieces.into_inner(), r.finish_reason != FinishReason::Cancelled)
                 {
                     cache.put(
                         key,

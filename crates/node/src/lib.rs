@@ -31,6 +31,7 @@ pub mod models;
 mod node;
 pub mod plugin_reload;
 pub mod prompt;
+pub mod thinking_budget;
 
 pub use devices::{Device, DeviceInventory};
 pub use engine::{Engine, EngineIsolation, EngineSettings, IsolatedEngine, PluginEngine, DEFAULT_WATCHDOG};

@@ -7,6 +7,7 @@ use crate::answer::Reading;
 use crate::error::NodeError;
 use crate::generation::Prompt;
 use crate::models::LoadedModel;
+use crate::thinking_budget::ThinkingBudget;
 use llmr_chat_template::{Content, ContentPart, ImageUrl, Message, RenderInput, Role, Tool, ToolCall};
 use llmr_engine_host::{Capability, Constraint};
 use llmr_openai::{ChatMessage, ChatRequest, FunctionTool, MessageContent, MessagePart, ToolChoice};
@@ -67,6 +68,8 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
             }
             _ => None,
         };
+        let answer_constraint = prompt.constraint.is_some().then(|| req.sampling.constraint.clone()).flatten();
+        prompt.thinking_budget = thinking_budget(req, reasoning, answer_constraint);
         return Ok((prompt, Reading { tools: None, reasoning }));
     }
     let template = templates.select(true);
@@ -94,6 +97,8 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
     text.push_str(&prefill);
     let allowed = req.tools.iter().map(|t| t.name.clone()).collect();
     let mut prompt = Prompt::rendered(text);
+    let answer_constraint = grammar.clone().map(Constraint::Lark);
+    prompt.thinking_budget = thinking_budget(req, reasoning, answer_constraint);
     prompt.constraint = grammar.map(|g| {
         let g = Constraint::Lark(g);
         let g = match reasoning {
@@ -103,6 +108,23 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
         (g, "tools")
     });
     Ok((prompt, Reading { tools: Some(ToolParsing { format, allowed, prefill }), reasoning }))
+}
+
+/// The request's thinking budget, for a model that thinks; `answer_constraint` holds the answer
+/// once the thinking is closed for it.
+fn thinking_budget(
+    req: &ChatRequest,
+    reasoning: Option<(ReasoningFormat, bool)>,
+    answer_constraint: Option<Constraint>,
+) -> Option<ThinkingBudget> {
+    let (format, inside) = reasoning?;
+    Some(ThinkingBudget {
+        tokens: req.thinking_budget?,
+        open: format.open,
+        close: format.close,
+        inside,
+        answer_constraint,
+    })
 }
 
 /// `constraint` held until the model's thinking is over (`None` for a Lark grammar that does not

@@ -89,6 +89,10 @@ pub struct ChatCompletionRequest {
     /// For reasoning models: handed to the chat template as `reasoning_effort` (gpt-oss's reads it).
     #[serde(default)]
     pub reasoning_effort: Option<String>,
+    /// For reasoning models: at most this many tokens of thinking, then the thinking is closed
+    /// and the answer follows (Qwen's API names it so; Anthropic's is `thinking.budget_tokens`).
+    #[serde(default)]
+    pub thinking_budget: Option<u32>,
     /// Passed to the chat template as variables (e.g. `enable_thinking`), as vLLM and llama.cpp do.
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
@@ -293,6 +297,8 @@ pub struct ChatRequest {
     pub continue_final_message: bool,
     /// The prompt ends with the assistant's opening (the template's generation prompt).
     pub add_generation_prompt: bool,
+    /// Tokens a reasoning model may think before its thinking is closed for it.
+    pub thinking_budget: Option<u32>,
 }
 
 impl ChatCompletionRequest {
@@ -442,6 +448,7 @@ impl ChatCompletionRequest {
             n,
             continue_final_message,
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            thinking_budget: self.thinking_budget,
         })
     }
 }

@@ -548,6 +548,54 @@ async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
     assert_eq!(r["output"][1]["content"][0]["text"], "answer<|im_end|> <|im_start|>assistant");
 }
 
+/// A thinking budget: after that many tokens of thinking, the node closes the thinking and the
+/// answer is generated from there (a second engine call continuing the same prompt, which the
+/// echo engine shows by repeating it from its start).
+#[tokio::test]
+async fn a_thinking_budget_closes_the_thinking_and_the_answer_follows() {
+    let n = node_with("echo-think", 0, |c| {
+        let manifest = c.engines_dir.join("echo/cpu/manifest.json");
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        m["parameters"]["chat_template"] = json!(THINKING_TEMPLATE);
+        std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    });
+    let user = "w1 w2 w3 w4 w5 w6 w7 w8";
+    // Without a budget, six tokens of thinking and no answer.
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-think", user, json!({"max_tokens": 6})))).await)
+            .await;
+    assert_eq!(whole["choices"][0]["message"]["reasoning_content"], "<|im_start|>user w1 w2 w3 w4 w5");
+    assert!(whole["choices"][0]["message"]["content"].as_str().unwrap_or_default().is_empty(), "{whole}");
+
+    // Three tokens of thinking, then the answer, within the same six tokens.
+    let budget = json!({"max_tokens": 6, "thinking_budget": 3});
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-think", user, budget.clone()))).await).await;
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["message"]["reasoning_content"], "<|im_start|>user w1 w2");
+    assert_eq!(choice["message"]["content"], "<|im_start|>user w1 w2");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], 6);
+
+    let mut streamed = budget;
+    streamed["stream"] = json!(true);
+    let data = events(call(&n, post("/v1/chat/completions", chat("echo-think", user, streamed))).await).await;
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let joined = |field: &str| -> String {
+        chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"][field].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(joined("reasoning_content"), "<|im_start|>user w1 w2");
+    assert_eq!(joined("content"), "<|im_start|>user w1 w2");
+
+    // Anthropic's `thinking.budget_tokens`.
+    let body = json!({"model": "echo-think", "max_tokens": 6, "messages": [{"role": "user", "content": user}],
+        "thinking": {"type": "enabled", "budget_tokens": 3}});
+    let m: Value = body_json(call(&n, post("/v1/messages", body)).await).await;
+    assert_eq!(m["content"][0]["thinking"], "<|im_start|>user w1 w2");
+    assert_eq!(m["content"][1]["text"], "<|im_start|>user w1 w2");
+    assert_eq!(m["usage"]["output_tokens"], 6);
+}
+
 #[tokio::test]
 async fn n_choices_and_several_prompts_are_each_a_generation() {
     let n = node("echo-many");

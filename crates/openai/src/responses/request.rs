@@ -205,6 +205,7 @@ impl ResponsesRequest {
             n: 1,
             continue_final_message: false,
             add_generation_prompt: true,
+            thinking_budget: None,
         };
         Ok(ResponsesCall { chat, echo, store: self.store.unwrap_or(true) })
     }
