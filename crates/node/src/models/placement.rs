@@ -6,7 +6,8 @@
 //! the node's models on it hold (the footprint estimate of each), less the memory promised to
 //! loads in progress (`Reservations`, so two loads at once do not both take the same room).
 //! When no GPU has room for a model with no copy loaded, idle models on GPUs are unloaded least
-//! recently used first, as the host's budget does.
+//! recently used first, as the host's budget does. A model larger than any one GPU is left to
+//! the engine, which spreads it over several (llama.cpp's default split).
 
 use super::ModelManager;
 use crate::devices::Device;
@@ -92,6 +93,12 @@ impl ModelManager {
                 .collect();
             if !chosen.is_empty() || have > 0 {
                 return Ok(chosen);
+            }
+            // Bigger than any one GPU: the engine spreads it over several (llama.cpp splits
+            // its layers), which the node cannot place better.
+            if room.iter().all(|(d, _)| d.memory_total_bytes < footprint) {
+                tracing::info!(model, needed_mib = footprint >> 20, "larger than any one GPU: the engine spreads it");
+                return Ok(vec![None]);
             }
             let Some((device, bytes)) = self.unload_idle_on_gpu() else {
                 return Err(NodeError::NoDeviceMemory {

@@ -29,7 +29,7 @@ fn cuda_echo_engines(root: &Path) -> std::path::PathBuf {
     let mut manifest = llmr_testkit::echo_manifest();
     manifest["runtimes"] = json!(["LlamaCpp"]);
     manifest["gpu_backends"] = json!(["cuda"]);
-    manifest["parameters"] = json!({ "crash_on_demand": true });
+    manifest["parameters"] = json!({ "crash_on_demand": true, "token_delay_ms": 10 });
     manifest.as_object_mut().unwrap().remove("$schema");
     std::fs::write(dir.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
     let lib = llmr_testkit::echo_library();
@@ -131,9 +131,23 @@ async fn without_room_on_any_gpu_idle_models_are_unloaded_and_then_it_is_a_503()
     assert_eq!(complete(&node.url, "b", "one").await.0, 200);
     assert_eq!(placed(&node.models, "b"), [(Some(0), 0)]);
     assert!(placed(&node.models, "a").is_empty(), "a was idle: unloaded to make room for b");
-    let (status, body) = complete(&node.url, "huge", "one").await;
+    // With b busy, nothing can make room for a.
+    let busy = {
+        let (url, words) = (node.url.clone(), vec!["w"; 300].join(" "));
+        tokio::spawn(async move {
+            let body = json!({"model": "b", "prompt": words, "max_tokens": 300});
+            reqwest::Client::new().post(format!("{url}/v1/completions")).json(&body).send().await.unwrap().status()
+        })
+    };
+    let models = node.models.clone();
+    wait_until(30, "b is busy", || models.loaded().iter().any(|m| m.name == "b" && !m.is_idle())).await;
+    let (status, body) = complete(&node.url, "a", "one").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("no GPU has room for `huge`"), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("no GPU has room for `a`"), "{body}");
+    assert_eq!(busy.await.unwrap(), 200, "the busy model kept serving");
+    // A model larger than any one GPU is left to the engine, which spreads it (no device given).
+    assert_eq!(complete(&node.url, "huge", "one").await.0, 200);
+    assert_eq!(placed(&node.models, "huge"), [(None, -1)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
