@@ -252,7 +252,10 @@ fn start(
         if let (Some(cell), Ok(cut)) = (&watch, &result) {
             let watch = cell.borrow();
             let remaining = sampling.max_tokens.map(|m| m.saturating_sub(cut.completion_tokens));
-            if watch.cut() && cut.finish_reason == FinishReason::Cancelled && remaining != Some(0) {
+            if watch.cut() && cut.finish_reason == FinishReason::Cancelled && remaining == Some(0) {
+                // The budget and `max_tokens` ran out together: cut by length, not cancelled.
+                result = Ok(InferResult { finish_reason: FinishReason::Length, ..*cut });
+            } else if watch.cut() && cut.finish_reason == FinishReason::Cancelled {
                 let budget = watch.budget().clone();
                 let closing = budget.closing();
                 let continued = format!("{}{}{closing}", prompt.text, watch.text());

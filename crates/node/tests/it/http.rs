@@ -587,6 +587,18 @@ async fn a_thinking_budget_closes_the_thinking_and_the_answer_follows() {
     assert_eq!(joined("reasoning_content"), "<|im_start|>user w1 w2");
     assert_eq!(joined("content"), "<|im_start|>user w1 w2");
 
+    // The budget and `max_tokens` spent together: cut by length, nothing after the thinking.
+    let whole: Value = body_json(
+        call(
+            &n,
+            post("/v1/chat/completions", chat("echo-think", user, json!({"max_tokens": 3, "thinking_budget": 3}))),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(whole["choices"][0]["message"]["reasoning_content"], "<|im_start|>user w1 w2");
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+
     // Anthropic's `thinking.budget_tokens`.
     let body = json!({"model": "echo-think", "max_tokens": 6, "messages": [{"role": "user", "content": user}],
         "thinking": {"type": "enabled", "budget_tokens": 3}});
