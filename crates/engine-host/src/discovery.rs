@@ -62,39 +62,47 @@ fn wanted_backend(options: &DiscoveryOptions, available: &[String]) -> Option<St
 
 /// Scans `root`, registers every plugin it loads into `registry`, and reports every folder.
 pub fn discover(root: &Path, options: &DiscoveryOptions, registry: &mut EngineRegistry) -> Vec<FoundPlugin> {
+    sorted_subdirs(root).iter().flat_map(|engine_dir| discover_engine(engine_dir, options, registry)).collect()
+}
+
+/// One engine's folder (`engines/<engine_id>/`): registers the backend folder this node loads,
+/// and reports every backend folder in it.
+pub fn discover_engine(
+    engine_dir: &Path,
+    options: &DiscoveryOptions,
+    registry: &mut EngineRegistry,
+) -> Vec<FoundPlugin> {
     let mut found = Vec::new();
-    for engine_dir in sorted_subdirs(root) {
-        let backends: Vec<(PathBuf, String, Result<Manifest, ManifestError>)> = sorted_subdirs(&engine_dir)
-            .into_iter()
-            .filter(|d| d.join("manifest.json").is_file())
-            .map(|d| {
-                let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                let manifest = Manifest::load(&d, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
-                (d, name, manifest)
-            })
-            .collect();
-        // A folder whose library was never built (a GPU variant on a machine that built only
-        // the CPU one) does not take the place of one that was.
-        let built = |m: &Result<Manifest, ManifestError>| !matches!(m, Err(ManifestError::BinaryNotFound(_)));
-        let names: Vec<String> = backends.iter().filter(|(_, _, m)| built(m)).map(|(_, n, _)| n.clone()).collect();
-        let wanted = wanted_backend(options, &names);
-        for (dir, name, manifest) in backends {
-            let state = match (&manifest, wanted.as_deref() == Some(name.as_str())) {
-                (Err(ManifestError::BinaryNotFound(p)), _) if wanted.is_some() => {
-                    PluginState::Skipped(format!("not built here ({} is missing)", p.display()))
-                }
-                (Err(e), _) => PluginState::Refused(e.to_string()),
-                (Ok(_), false) => PluginState::Skipped(skip_reason(options, &name)),
-                (Ok(m), true) => match load_one(&dir, m.clone(), registry) {
-                    Ok(p) => PluginState::Loaded(p),
-                    Err(e) => PluginState::Refused(e.to_string()),
-                },
-            };
-            if let PluginState::Refused(reason) = &state {
-                tracing::error!(plugin = %dir.display(), "engine plugin refused: {reason}");
+    let backends: Vec<(PathBuf, String, Result<Manifest, ManifestError>)> = sorted_subdirs(engine_dir)
+        .into_iter()
+        .filter(|d| d.join("manifest.json").is_file())
+        .map(|d| {
+            let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let manifest = Manifest::load(&d, llmr_engine_abi::LLMR_ENGINE_ABI_MAJOR);
+            (d, name, manifest)
+        })
+        .collect();
+    // A folder whose library was never built (a GPU variant on a machine that built only
+    // the CPU one) does not take the place of one that was.
+    let built = |m: &Result<Manifest, ManifestError>| !matches!(m, Err(ManifestError::BinaryNotFound(_)));
+    let names: Vec<String> = backends.iter().filter(|(_, _, m)| built(m)).map(|(_, n, _)| n.clone()).collect();
+    let wanted = wanted_backend(options, &names);
+    for (dir, name, manifest) in backends {
+        let state = match (&manifest, wanted.as_deref() == Some(name.as_str())) {
+            (Err(ManifestError::BinaryNotFound(p)), _) if wanted.is_some() => {
+                PluginState::Skipped(format!("not built here ({} is missing)", p.display()))
             }
-            found.push(FoundPlugin { dir, manifest: manifest.ok(), state });
+            (Err(e), _) => PluginState::Refused(e.to_string()),
+            (Ok(_), false) => PluginState::Skipped(skip_reason(options, &name)),
+            (Ok(m), true) => match load_one(&dir, m.clone(), registry) {
+                Ok(p) => PluginState::Loaded(p),
+                Err(e) => PluginState::Refused(e.to_string()),
+            },
+        };
+        if let PluginState::Refused(reason) = &state {
+            tracing::error!(plugin = %dir.display(), "engine plugin refused: {reason}");
         }
+        found.push(FoundPlugin { dir, manifest: manifest.ok(), state });
     }
     found
 }

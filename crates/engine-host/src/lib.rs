@@ -13,7 +13,7 @@ mod registry;
 mod speech;
 mod status;
 
-pub use discovery::{discover, load_one, DiscoveryOptions, FoundPlugin, PluginState};
+pub use discovery::{discover, discover_engine, load_one, DiscoveryOptions, FoundPlugin, PluginState};
 pub use gpu::detect_gpu;
 pub use instance::{
     EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent,

@@ -7,7 +7,7 @@ use crate::plugin::Plugin;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 pub struct EngineRegistry {
     /// In registration order (the last tie-breaker).
     plugins: Vec<Arc<Plugin>>,

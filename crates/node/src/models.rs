@@ -194,6 +194,11 @@ pub struct ModelManager {
     benchmarks: benchmark::Benchmarks,
     /// GPU memory promised to loads in progress (`models/placement.rs`).
     reserved: placement::Reservations,
+    /// Models no plugin could run when they were added: added again when a plugin arrives.
+    unsupported: Mutex<BTreeMap<String, ModelDescriptor>>,
+    /// Bumped when plugins are added while the node runs (the agent re-syncs what it found
+    /// unsupported).
+    plugins_added: tokio::sync::watch::Sender<u64>,
 }
 
 /// What the node is doing right now (a router's heartbeat carries it).
@@ -221,6 +226,8 @@ impl ModelManager {
             engine_reports: RwLock::default(),
             benchmarks: Default::default(),
             reserved: Default::default(),
+            unsupported: Mutex::default(),
+            plugins_added: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -295,9 +302,11 @@ impl ModelManager {
             Ok(candidates) => candidates,
             Err(e) => {
                 self.remove(&desc.name);
+                self.unsupported.lock().unwrap().insert(desc.name.clone(), desc);
                 return Err(e);
             }
         };
+        self.unsupported.lock().unwrap().remove(&desc.name);
         // Several engines can run it: the benchmarks decide, once they exist (spec 000).
         let scores = (candidates.len() > 1).then(|| self.scores_or_queue(&desc, &candidates)).flatten();
         let plugin = registry.resolve(&ModelRequirements { scores: scores.as_ref(), ..req })?;
@@ -320,7 +329,40 @@ impl ModelManager {
     /// Takes a model out of the catalog: new requests get 404; a loaded model is unloaded once
     /// its requests finish. Its files are not touched. Returns whether it was there.
     pub fn remove(&self, name: &str) -> bool {
+        self.unsupported.lock().unwrap().remove(name);
         self.entries.write().unwrap().remove(name).is_some()
+    }
+
+    /// Runs `plugins` too (found in the engines folder while the node runs), reporting the
+    /// folders as `reports` say: the models no plugin could run are added again, those these
+    /// can run too are benchmarked, and the agent is told. Returns the models now served that
+    /// were not.
+    pub fn add_plugins(&self, plugins: Vec<Arc<Plugin>>, reports: Vec<EngineReport>) -> Vec<String> {
+        {
+            let mut registry = self.registry.write().unwrap();
+            let mut next = (**registry).clone();
+            for p in &plugins {
+                next = next.with_replaced(p.clone());
+            }
+            *registry = Arc::new(next);
+        }
+        {
+            let mut known = self.engine_reports.write().unwrap();
+            known.retain(|r| !reports.iter().any(|n| n.folder == r.folder));
+            known.extend(reports);
+        }
+        let waiting: Vec<ModelDescriptor> = self.unsupported.lock().unwrap().values().cloned().collect();
+        let added = waiting.into_iter().filter_map(|d| self.add(d.clone()).ok().map(|()| d.name)).collect();
+        self.queue_stale_benchmarks();
+        if !plugins.is_empty() {
+            self.plugins_added.send_modify(|n| *n += 1);
+        }
+        added
+    }
+
+    /// Changes each time plugins are added while the node runs.
+    pub fn plugins_added(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.plugins_added.subscribe()
     }
 
     pub fn contains(&self, name: &str) -> bool {

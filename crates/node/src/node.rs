@@ -118,6 +118,9 @@ impl Default for NodeConfig {
 
 pub struct Node {
     state: SharedState,
+    /// Where plugins were found, and how (new folders are looked for while serving).
+    engines_dir: PathBuf,
+    discovery: DiscoveryOptions,
     memory_probe: MemoryProbe,
     engine_restart: RestartPolicy,
     control: SharedControl,
@@ -130,7 +133,8 @@ impl Node {
     pub fn new(config: NodeConfig) -> Result<Node> {
         let gpu = config.devices.backend;
         let mut registry = EngineRegistry::new();
-        let found = discover(&config.engines_dir, &DiscoveryOptions { gpu, allow_cpu: true }, &mut registry);
+        let discovery = DiscoveryOptions { gpu, allow_cpu: true };
+        let found = discover(&config.engines_dir, &discovery, &mut registry);
         for f in &found {
             if let PluginState::Refused(reason) = &f.state {
                 tracing::warn!(dir = %f.dir.display(), "engine plugin refused: {reason}");
@@ -191,6 +195,8 @@ impl Node {
         let control = ControlState::new(state.models.clone());
         Ok(Node {
             state,
+            engines_dir: config.engines_dir.clone(),
+            discovery,
             memory_probe: config.memory_probe,
             engine_restart: config.engine_restart,
             control,
@@ -256,7 +262,8 @@ impl Node {
             None => None,
         };
         let guard = MemoryGuard::new(self.memory_probe.clone());
-        let supervisor = tokio::spawn(supervise(self.state.models.clone(), guard, self.engine_restart));
+        let plugins = PluginWatcher::new(self.engines_dir.clone(), self.discovery);
+        let supervisor = tokio::spawn(supervise(self.state.models.clone(), guard, self.engine_restart, plugins));
         let benchmarks = tokio::spawn(self.state.models.clone().run_benchmarks());
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;
         supervisor.abort();
@@ -279,10 +286,14 @@ const SUPERVISOR_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 /// once, not when its next request comes; the memory guard unloads idle models when memory runs
 /// short; a plugin whose folder holds a new version is reloaded (`plugin_reload.rs`); and models
 /// due for their periodic restart get a new engine.
-async fn supervise(models: Arc<ModelManager>, mut guard: MemoryGuard, restart: RestartPolicy) {
+async fn supervise(
+    models: Arc<ModelManager>,
+    mut guard: MemoryGuard,
+    restart: RestartPolicy,
+    mut plugins: PluginWatcher,
+) {
     let mut tick = tokio::time::interval(SUPERVISOR_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut plugins = PluginWatcher::default();
     let mut devices_read = std::time::Instant::now();
     loop {
         tick.tick().await;

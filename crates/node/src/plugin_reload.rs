@@ -7,12 +7,16 @@
 //!
 //! Replace a plugin's files by renaming new ones into place (`install -T`, `mv`), never by
 //! writing into the old library: processes that have it mapped would run half-written code.
+//!
+//! The same poll finds engine folders that were not there (or not loadable) before: one that
+//! loads now is added ([`ModelManager::add_plugins`]), and the models nothing could run are
+//! added again. A folder refused is tried again when its files change.
 
 use crate::models::ModelManager;
-use llmr_engine_host::{abi, Manifest, Plugin};
+use llmr_engine_host::{abi, discover_engine, DiscoveryOptions, Manifest, Plugin, PluginState};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How often the plugin folders are read.
 const POLL: Duration = Duration::from_secs(2);
@@ -22,12 +26,33 @@ pub struct PluginWatcher {
     next: Instant,
     /// Per plugin folder: the version last refused, so it is not opened again every poll.
     refused: HashMap<PathBuf, String>,
+    /// Where new engine folders appear, and which of their backend folders this node loads.
+    engines_dir: PathBuf,
+    options: DiscoveryOptions,
+    /// Engine folders with no plugin loaded: the newest modification time of their files when
+    /// last tried, so they are tried again only when something in them changed.
+    tried: HashMap<PathBuf, Option<SystemTime>>,
 }
 
-impl Default for PluginWatcher {
-    fn default() -> Self {
-        PluginWatcher { next: Instant::now() + POLL, refused: HashMap::new() }
+impl PluginWatcher {
+    pub fn new(engines_dir: PathBuf, options: DiscoveryOptions) -> Self {
+        PluginWatcher {
+            next: Instant::now() + POLL,
+            refused: HashMap::new(),
+            engines_dir,
+            options,
+            tried: HashMap::new(),
+        }
     }
+}
+
+/// The newest modification time of the files in an engine folder's backend folders.
+fn newest_change(engine_dir: &Path) -> Option<SystemTime> {
+    let backends = std::fs::read_dir(engine_dir).ok()?.flatten().map(|e| e.path()).filter(|p| p.is_dir());
+    backends
+        .flat_map(|b| std::fs::read_dir(b).into_iter().flatten().flatten())
+        .filter_map(|f| f.metadata().ok()?.modified().ok())
+        .max()
 }
 
 /// The `version` a plugin folder's manifest declares now, read without validating the rest.
@@ -38,12 +63,72 @@ fn declared_version(dir: &std::path::Path) -> Option<String> {
 }
 
 impl PluginWatcher {
-    /// One poll (at most every two seconds); returns the engines moved to a new version.
+    /// One poll (at most every two seconds); returns the engines moved to a new version or
+    /// added.
     pub async fn check(&mut self, models: &ModelManager) -> Vec<String> {
         if Instant::now() < self.next {
             return Vec::new();
         }
         self.next = Instant::now() + POLL;
+        let mut reloaded = self.new_versions(models).await;
+        reloaded.extend(self.new_engines(models).await);
+        reloaded
+    }
+
+    /// Engine folders with no loaded plugin whose files changed since last tried: discovered
+    /// as at start, and what loads is added.
+    async fn new_engines(&mut self, models: &ModelManager) -> Vec<String> {
+        let registry = models.registry();
+        let loaded: Vec<PathBuf> =
+            registry.plugins().iter().filter_map(|p| p.dir.parent().map(Path::to_path_buf)).collect();
+        let candidates: Vec<PathBuf> = std::fs::read_dir(&self.engines_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir() && !loaded.contains(p))
+            .collect();
+        let mut added = Vec::new();
+        for engine_dir in candidates {
+            let stamp = newest_change(&engine_dir);
+            match self.tried.get(&engine_dir) {
+                Some(seen) if *seen == stamp => continue,
+                // Seen empty at start or half-copied now: look again once it has settled.
+                None if stamp.is_some_and(|t| t.elapsed().unwrap_or_default() < POLL) => continue,
+                _ => {}
+            }
+            self.tried.insert(engine_dir.clone(), stamp);
+            let (dir, options, mut scratch) = (engine_dir.clone(), self.options, (*registry).clone());
+            let Ok(found) = tokio::task::spawn_blocking(move || discover_engine(&dir, &options, &mut scratch)).await
+            else {
+                continue;
+            };
+            let plugins: Vec<std::sync::Arc<Plugin>> = found
+                .iter()
+                .filter_map(|f| match &f.state {
+                    PluginState::Loaded(p) => Some(p.clone()),
+                    _ => None,
+                })
+                .collect();
+            if found.is_empty() {
+                continue;
+            }
+            let reports = crate::agent::engines::engine_reports(&found);
+            for p in &plugins {
+                tracing::warn!(engine = p.id(), version = %p.manifest.version, "engine plugin added while serving");
+                metrics::counter!(crate::metrics::PLUGIN_RELOADS, "engine" => p.id().to_owned()).increment(1);
+                added.push(p.id().to_owned());
+            }
+            let served = models.add_plugins(plugins, reports);
+            if !served.is_empty() {
+                tracing::info!(models = ?served, "now served by an added engine plugin");
+            }
+        }
+        added
+    }
+
+    /// Loaded plugins whose folder declares another version now: moved to it.
+    async fn new_versions(&mut self, models: &ModelManager) -> Vec<String> {
         let mut reloaded = Vec::new();
         for old in models.registry().plugins().to_vec() {
             let Some(version) = declared_version(&old.dir) else { continue };

@@ -126,6 +126,8 @@ impl<'a> Syncer<'a> {
     /// Runs until the version channel closes, or a fatal error (the token is refused).
     pub async fn run(mut self, mut versions: watch::Receiver<Option<u64>>) -> Result<(), AgentError> {
         let mut tasks: JoinSet<Fetched> = JoinSet::new();
+        let mut plugins = self.models.plugins_added();
+        let mut plugins_open = true;
         self.scan_local().await;
         self.publish();
         loop {
@@ -145,6 +147,13 @@ impl<'a> Syncer<'a> {
                     self.refresh(&mut tasks).await?;
                 }
                 Some(joined) = tasks.join_next_with_id() => self.finish(joined, &mut tasks),
+                // A plugin added while serving: what no plugin could run is tried again.
+                changed = plugins.changed(), if plugins_open => {
+                    plugins_open = changed.is_ok();
+                    self.settled.retain(|_, (_, settled)| !matches!(settled, Settled::Unsupported(_)));
+                    self.scan_local().await;
+                    self.start(&mut tasks);
+                }
                 () = retry => {
                     self.next_retry = None;
                     self.refresh(&mut tasks).await?;

@@ -347,6 +347,50 @@ async fn a_new_plugin_version_takes_over_under_load_and_no_request_fails() {
     assert_eq!(ok_answer(&url, "m").await, expected);
 }
 
+/// An engine folder installed while the node runs is picked up: the models no plugin could run
+/// until then are served by it, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_engine_installed_while_serving_serves_the_models_it_can_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = llmr_testkit::echo_engines(&dir.path().join("engines"), 0);
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, gguf("c_arch", 64)).unwrap();
+    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
+    desc.name = "m".into();
+    let node = Node::new(NodeConfig {
+        engines_dir: engines.clone(),
+        models: vec![desc],
+        cache_bytes: Some(0),
+        engine_isolation: EngineIsolation::Worker {
+            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
+            watchdog: Some(Duration::from_secs(30)),
+        },
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let models = node.models().clone();
+    assert!(!models.contains("m"), "no plugin runs c_arch yet");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(node.serve(listener, std::future::pending()));
+    assert_eq!(post(&url, &completion("m", "hello there", false)).await.status(), 404);
+
+    // Installed the way a plugin is: built elsewhere, then renamed into place.
+    let staging = dir.path().join("staging");
+    install_c_echo(&staging, "0.1.0", &[]);
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(staging.join("manifest.json")).unwrap()).unwrap();
+    manifest["architectures"] = json!(["c_arch"]);
+    std::fs::write(staging.join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    std::fs::create_dir_all(engines.join("c_echo")).unwrap();
+    std::fs::rename(&staging, engines.join("c_echo/cpu")).unwrap();
+
+    wait_until(60, "m is served by the new engine", || models.contains("m")).await;
+    assert_eq!(ok_answer(&url, "m").await, "back again");
+    assert_eq!(models.entry("m").unwrap().plugin.id(), "c_echo");
+    let reports = models.engine_reports();
+    assert!(reports.iter().any(|r| r.id == "c_echo" && r.state == "loaded"), "{reports:?}");
+}
+
 /// Spec 003's periodic restart: after every 20 requests a model gets a new engine worker, loaded
 /// beside the old one; clients sending all along see no failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
