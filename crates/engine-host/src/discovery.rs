@@ -60,17 +60,33 @@ fn wanted_backend(options: &DiscoveryOptions, available: &[String]) -> Option<St
     }
 }
 
+/// Whether a plugin folder may be opened in this process: `Err` says why not (a node running
+/// engines in workers first opens each plugin in a process of its own, `probe`).
+pub type Vet<'a> = &'a dyn Fn(&Path) -> Result<(), String>;
+
 /// Scans `root`, registers every plugin it loads into `registry`, and reports every folder.
 pub fn discover(root: &Path, options: &DiscoveryOptions, registry: &mut EngineRegistry) -> Vec<FoundPlugin> {
-    sorted_subdirs(root).iter().flat_map(|engine_dir| discover_engine(engine_dir, options, registry)).collect()
+    discover_vetted(root, options, registry, &|_| Ok(()))
 }
 
-/// One engine's folder (`engines/<engine_id>/`): registers the backend folder this node loads,
-/// and reports every backend folder in it.
+/// [`discover`], opening only the plugin folders `vet` accepts (the others are refused with
+/// its reason).
+pub fn discover_vetted(
+    root: &Path,
+    options: &DiscoveryOptions,
+    registry: &mut EngineRegistry,
+    vet: Vet<'_>,
+) -> Vec<FoundPlugin> {
+    sorted_subdirs(root).iter().flat_map(|engine_dir| discover_engine(engine_dir, options, registry, vet)).collect()
+}
+
+/// One engine's folder (`engines/<engine_id>/`): registers the backend folder this node loads
+/// (if `vet` accepts it), and reports every backend folder in it.
 pub fn discover_engine(
     engine_dir: &Path,
     options: &DiscoveryOptions,
     registry: &mut EngineRegistry,
+    vet: Vet<'_>,
 ) -> Vec<FoundPlugin> {
     let mut found = Vec::new();
     let backends: Vec<(PathBuf, String, Result<Manifest, ManifestError>)> = sorted_subdirs(engine_dir)
@@ -94,9 +110,12 @@ pub fn discover_engine(
             }
             (Err(e), _) => PluginState::Refused(e.to_string()),
             (Ok(_), false) => PluginState::Skipped(skip_reason(options, &name)),
-            (Ok(m), true) => match load_one(&dir, m.clone(), registry) {
+            (Ok(m), true) => match vet(&dir)
+                .map_err(|reason| reason.to_string())
+                .and_then(|()| load_one(&dir, m.clone(), registry).map_err(|e| e.to_string()))
+            {
                 Ok(p) => PluginState::Loaded(p),
-                Err(e) => PluginState::Refused(e.to_string()),
+                Err(reason) => PluginState::Refused(reason),
             },
         };
         if let PluginState::Refused(reason) = &state {

@@ -13,7 +13,9 @@ mod registry;
 mod speech;
 mod status;
 
-pub use discovery::{discover, discover_engine, load_one, DiscoveryOptions, FoundPlugin, PluginState};
+pub use discovery::{
+    discover, discover_engine, discover_vetted, load_one, DiscoveryOptions, FoundPlugin, PluginState, Vet,
+};
 pub use gpu::detect_gpu;
 pub use instance::{
     EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, InstanceConfig, ModelSpec, TokenEvent,

@@ -117,11 +117,65 @@ impl Shared {
                     let _ = w.replies.send(reply);
                 }
             }
-            Reply::Loaded { .. } | Reply::LoadFailed { .. } => {
+            Reply::Loaded { .. } | Reply::LoadFailed { .. } | Reply::Probed { .. } => {
                 tracing::warn!(model = %self.model_id, "engine worker answered a load twice");
             }
         }
     }
+}
+
+/// Starts a worker process of `command` on a socket pair; returns it and the node's end.
+fn start(command: &WorkerCommand) -> Result<(Child, UnixStream), CallError> {
+    let io_failed = |what: &str, e: io::Error| CallError {
+        status: EngineStatus::LoadFailed,
+        message: format!("engine worker: {what}: {e}"),
+    };
+    let (ours, theirs) = UnixStream::pair().map_err(|e| io_failed("socket pair", e))?;
+    // The worker's standard output is the node's standard error: a plugin that prints must
+    // not write into whatever the node's own output is.
+    let stdout = std::io::stderr().as_fd().try_clone_to_owned().map_err(|e| io_failed("stderr", e))?;
+    let child = Command::new(&command.program)
+        .args(&command.args)
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::from(stdout))
+        // Its own process group: Ctrl-C in a terminal reaches the node, which then stops
+        // its workers after the requests in flight, rather than every worker at once.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| io_failed(&format!("cannot start {}", command.program.display()), e))?;
+    Ok((child, ours))
+}
+
+/// Opens the plugin in `plugin_dir` in a worker process of its own, which then exits: a library
+/// whose initialisers crash ends only that process. Returns the plugin's version; an error
+/// says how the process ended, or why the plugin was refused. `limit`: how long opening it may
+/// take.
+pub fn probe(command: &WorkerCommand, plugin_dir: &Path, limit: Duration) -> Result<String, CallError> {
+    let (mut child, ours) = start(command)?;
+    let failed = |message: String| CallError { status: EngineStatus::LoadFailed, message };
+    let mut output = ours.try_clone().map_err(|e| failed(format!("engine worker: socket: {e}")))?;
+    ours.set_read_timeout(Some(limit)).map_err(|e| failed(format!("engine worker: socket: {e}")))?;
+    let mut input = BufReader::new(ours);
+    let first = write_line(&mut output, &Request::Probe { plugin_dir: plugin_dir.to_path_buf() })
+        .and_then(|()| read_line::<Reply>(&mut input, &mut String::new()));
+    let reply = match first {
+        Ok(Some(Reply::Probed { version })) => Ok(version),
+        Ok(Some(Reply::LoadFailed { error })) => Err(error),
+        other => {
+            let _ = child.kill();
+            let how = describe(child.wait());
+            let detail = match other {
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    format!(" (it did not answer within {} s)", limit.as_secs())
+                }
+                Err(e) => format!(" ({e})"),
+                _ => String::new(),
+            };
+            return Err(failed(format!("opening the plugin ended its process: {how}{detail}")));
+        }
+    };
+    let _ = child.wait();
+    reply
 }
 
 impl WorkerEngine {
@@ -141,19 +195,7 @@ impl WorkerEngine {
     ) -> Result<WorkerEngine, CallError> {
         let failed = |message: String| CallError { status: EngineStatus::LoadFailed, message };
         let io_failed = |what: &str, e: io::Error| failed(format!("engine worker: {what}: {e}"));
-        let (ours, theirs) = UnixStream::pair().map_err(|e| io_failed("socket pair", e))?;
-        // The worker's standard output is the node's standard error: a plugin that prints must
-        // not write into whatever the node's own output is.
-        let stdout = std::io::stderr().as_fd().try_clone_to_owned().map_err(|e| io_failed("stderr", e))?;
-        let mut child = Command::new(&command.program)
-            .args(&command.args)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::from(stdout))
-            // Its own process group: Ctrl-C in a terminal reaches the node, which then stops
-            // its workers after the requests in flight, rather than every worker at once.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| io_failed(&format!("cannot start {}", command.program.display()), e))?;
+        let (mut child, ours) = start(command)?;
         let pid = child.id();
         let mut output = ours.try_clone().map_err(|e| io_failed("socket", e))?;
         ours.set_read_timeout(load_timeout).map_err(|e| io_failed("socket", e))?;

@@ -16,5 +16,5 @@ mod client;
 pub mod protocol;
 mod worker;
 
-pub use client::{WorkerCommand, WorkerEngine};
+pub use client::{probe, WorkerCommand, WorkerEngine};
 pub use worker::{serve, serve_stdin};

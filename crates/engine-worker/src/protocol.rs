@@ -24,6 +24,11 @@ pub enum Request {
         config: InstanceConfig,
         spec: ModelSpec,
     },
+    /// Instead of `Load`: only open the plugin in `plugin_dir` (its library's initialisers run)
+    /// and say its version, then exit. Answered by `Probed` or `LoadFailed`.
+    Probe {
+        plugin_dir: PathBuf,
+    },
     Tokenize {
         call: u64,
         text: String,
@@ -80,6 +85,9 @@ pub enum Reply {
     },
     LoadFailed {
         error: CallError,
+    },
+    Probed {
+        version: String,
     },
     Token {
         call: u64,

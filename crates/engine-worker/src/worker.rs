@@ -89,6 +89,14 @@ pub fn serve(stream: UnixStream) -> i32 {
     let mut output = stream;
     let mut buf = String::new();
     let (instance, model_id) = match read_line(&mut input, &mut buf) {
+        Ok(Some(Request::Probe { plugin_dir })) => {
+            let reply = match open(&plugin_dir) {
+                Ok(plugin) => Reply::Probed { version: plugin.info.version.clone() },
+                Err(error) => Reply::LoadFailed { error },
+            };
+            let _ = write_line(&mut output, &reply);
+            return 0;
+        }
         Ok(Some(Request::Load { plugin_dir, config, spec })) => match load(&plugin_dir, &config, &spec) {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -166,7 +174,7 @@ pub fn serve(stream: UnixStream) -> i32 {
                 tracing::warn!("calls still running at shutdown; ending without destroy");
                 std::process::exit(0);
             }
-            Request::Load { .. } => {
+            Request::Load { .. } | Request::Probe { .. } => {
                 eprintln!("llmr engine worker: Load twice");
                 std::process::exit(2);
             }
@@ -195,12 +203,17 @@ fn load(
     config: &llmr_engine_host::InstanceConfig,
     spec: &llmr_engine_host::ModelSpec,
 ) -> Result<(EngineInstance, String), CallError> {
-    let failed = |e: &dyn std::fmt::Display| CallError { status: EngineStatus::LoadFailed, message: e.to_string() };
-    let manifest = Manifest::load(plugin_dir, abi::LLMR_ENGINE_ABI_MAJOR).map_err(|e| failed(&e))?;
-    let plugin = Plugin::open(plugin_dir, manifest).map_err(|e| failed(&e))?;
+    let plugin = open(plugin_dir)?;
     let instance = EngineInstance::create(&plugin, config)?;
     instance.load_model(spec)?;
     Ok((instance, spec.model_id.clone()))
+}
+
+/// Opens the plugin in `plugin_dir`, as the node's discovery does.
+fn open(plugin_dir: &std::path::Path) -> Result<Arc<Plugin>, CallError> {
+    let failed = |e: &dyn std::fmt::Display| CallError { status: EngineStatus::LoadFailed, message: e.to_string() };
+    let manifest = Manifest::load(plugin_dir, abi::LLMR_ENGINE_ABI_MAJOR).map_err(|e| failed(&e))?;
+    Plugin::open(plugin_dir, manifest).map_err(|e| failed(&e))
 }
 
 fn call_id(request: &Request) -> u64 {
@@ -213,7 +226,7 @@ fn call_id(request: &Request) -> u64 {
         | Request::Metrics { call }
         | Request::SetConfig { call, .. }
         | Request::Stop { call } => *call,
-        Request::Load { .. } | Request::Cancel { .. } | Request::Shutdown => 0,
+        Request::Load { .. } | Request::Probe { .. } | Request::Cancel { .. } | Request::Shutdown => 0,
     }
 }
 
@@ -305,7 +318,11 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
         }
         Request::Metrics { .. } => instance.metrics().map(Outcome::Metrics),
         Request::SetConfig { key, value, .. } => instance.set_config(Some(model), &key, &value).map(|()| Outcome::Unit),
-        Request::Load { .. } | Request::Stop { .. } | Request::Cancel { .. } | Request::Shutdown => {
+        Request::Load { .. }
+        | Request::Probe { .. }
+        | Request::Stop { .. }
+        | Request::Cancel { .. }
+        | Request::Shutdown => {
             unreachable!("handled by the reading loop")
         }
     }

@@ -89,6 +89,22 @@ pub enum EngineIsolation {
     },
 }
 
+/// How long opening a plugin in a probe process may take (a GPU library's initialisers can take
+/// seconds).
+const PROBE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Whether the plugin folder `dir` may be opened in the node's process. With engines in workers,
+/// it is first opened in a worker of its own that then exits (`llmr_engine_worker::probe`), so
+/// a library whose initialisers crash ends only that process and is refused, naming how.
+pub fn vet_plugin(isolation: &EngineIsolation, dir: &std::path::Path) -> Result<(), String> {
+    match isolation {
+        EngineIsolation::InProcess => Ok(()),
+        EngineIsolation::Worker { command, .. } => {
+            llmr_engine_worker::probe(command, dir, PROBE_LIMIT).map(|_| ()).map_err(|e| e.message)
+        }
+    }
+}
+
 /// The spec's watchdog time (spec 000: 30 s).
 pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(30);
 

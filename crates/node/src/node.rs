@@ -10,7 +10,7 @@ use crate::modality_gate::GateMode;
 use crate::models::{total_memory_bytes, BenchmarkBook, ModelManager, ModelPolicy, RestartPolicy};
 use crate::plugin_reload::PluginWatcher;
 use anyhow::{bail, Result};
-use llmr_engine_host::{discover, DiscoveryOptions, EngineRegistry, PluginState};
+use llmr_engine_host::{discover_vetted, DiscoveryOptions, EngineRegistry, PluginState};
 use llmr_model_store::ModelDescriptor;
 use std::future::Future;
 use std::path::PathBuf;
@@ -121,6 +121,7 @@ pub struct Node {
     /// Where plugins were found, and how (new folders are looked for while serving).
     engines_dir: PathBuf,
     discovery: DiscoveryOptions,
+    isolation: EngineIsolation,
     memory_probe: MemoryProbe,
     engine_restart: RestartPolicy,
     control: SharedControl,
@@ -134,7 +135,8 @@ impl Node {
         let gpu = config.devices.backend;
         let mut registry = EngineRegistry::new();
         let discovery = DiscoveryOptions { gpu, allow_cpu: true };
-        let found = discover(&config.engines_dir, &discovery, &mut registry);
+        let vet = |dir: &std::path::Path| crate::engine::vet_plugin(&config.engine_isolation, dir);
+        let found = discover_vetted(&config.engines_dir, &discovery, &mut registry, &vet);
         for f in &found {
             if let PluginState::Refused(reason) = &f.state {
                 tracing::warn!(dir = %f.dir.display(), "engine plugin refused: {reason}");
@@ -197,6 +199,7 @@ impl Node {
             state,
             engines_dir: config.engines_dir.clone(),
             discovery,
+            isolation: config.engine_isolation.clone(),
             memory_probe: config.memory_probe,
             engine_restart: config.engine_restart,
             control,
@@ -262,7 +265,7 @@ impl Node {
             None => None,
         };
         let guard = MemoryGuard::new(self.memory_probe.clone());
-        let plugins = PluginWatcher::new(self.engines_dir.clone(), self.discovery);
+        let plugins = PluginWatcher::new(self.engines_dir.clone(), self.discovery, self.isolation.clone());
         let supervisor = tokio::spawn(supervise(self.state.models.clone(), guard, self.engine_restart, plugins));
         let benchmarks = tokio::spawn(self.state.models.clone().run_benchmarks());
         let served = axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await;

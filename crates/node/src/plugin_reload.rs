@@ -12,6 +12,7 @@
 //! loads now is added ([`ModelManager::add_plugins`]), and the models nothing could run are
 //! added again. A folder refused is tried again when its files change.
 
+use crate::engine::{vet_plugin, EngineIsolation};
 use crate::models::ModelManager;
 use llmr_engine_host::{abi, discover_engine, DiscoveryOptions, Manifest, Plugin, PluginState};
 use std::collections::HashMap;
@@ -29,18 +30,21 @@ pub struct PluginWatcher {
     /// Where new engine folders appear, and which of their backend folders this node loads.
     engines_dir: PathBuf,
     options: DiscoveryOptions,
+    /// New libraries are opened in a probe process first where engines run in workers.
+    isolation: EngineIsolation,
     /// Engine folders with no plugin loaded: the newest modification time of their files when
     /// last tried, so they are tried again only when something in them changed.
     tried: HashMap<PathBuf, Option<SystemTime>>,
 }
 
 impl PluginWatcher {
-    pub fn new(engines_dir: PathBuf, options: DiscoveryOptions) -> Self {
+    pub fn new(engines_dir: PathBuf, options: DiscoveryOptions, isolation: EngineIsolation) -> Self {
         PluginWatcher {
             next: Instant::now() + POLL,
             refused: HashMap::new(),
             engines_dir,
             options,
+            isolation,
             tried: HashMap::new(),
         }
     }
@@ -99,10 +103,11 @@ impl PluginWatcher {
             }
             self.tried.insert(engine_dir.clone(), stamp);
             let (dir, options, mut scratch) = (engine_dir.clone(), self.options, (*registry).clone());
-            let Ok(found) = tokio::task::spawn_blocking(move || discover_engine(&dir, &options, &mut scratch)).await
-            else {
-                continue;
-            };
+            let isolation = self.isolation.clone();
+            let discovered = tokio::task::spawn_blocking(move || {
+                discover_engine(&dir, &options, &mut scratch, &|d| vet_plugin(&isolation, d))
+            });
+            let Ok(found) = discovered.await else { continue };
             let plugins: Vec<std::sync::Arc<Plugin>> = found
                 .iter()
                 .filter_map(|f| match &f.state {
@@ -136,9 +141,11 @@ impl PluginWatcher {
                 continue;
             }
             let dir = old.dir.clone();
+            let isolation = self.isolation.clone();
             let opened = tokio::task::spawn_blocking(move || {
-                let manifest = Manifest::load(&dir, abi::LLMR_ENGINE_ABI_MAJOR)?;
-                Plugin::open_again(&dir, manifest)
+                let manifest = Manifest::load(&dir, abi::LLMR_ENGINE_ABI_MAJOR).map_err(|e| e.to_string())?;
+                vet_plugin(&isolation, &dir)?;
+                Plugin::open_again(&dir, manifest).map_err(|e| e.to_string())
             })
             .await;
             match opened {

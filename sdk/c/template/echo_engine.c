@@ -39,6 +39,12 @@
 #define ECHO_VERSION "0.1.0"
 #endif
 
+/* A test variant whose library crashes as it is opened (its initialiser aborts), as a plugin
+ * built against a missing or broken GPU runtime can: the node must survive opening it. */
+#ifdef ECHO_CRASH_ON_OPEN
+__attribute__((constructor)) static void crash_on_open(void) { abort(); }
+#endif
+
 #define MAX_MODELS 16
 #define MAX_RUNNING 64
 #define MODEL_ID_MAX 256

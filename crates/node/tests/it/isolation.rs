@@ -391,6 +391,41 @@ async fn an_engine_installed_while_serving_serves_the_models_it_can_run() {
     assert!(reports.iter().any(|r| r.id == "c_echo" && r.state == "loaded"), "{reports:?}");
 }
 
+/// A plugin whose library crashes as it is opened is refused, naming the signal, and the node
+/// serves with the others: with engines in workers, every plugin is opened in a probe process
+/// of its own before the node opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plugin_that_crashes_when_opened_is_refused_and_the_node_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = llmr_testkit::echo_engines(&dir.path().join("engines"), 0);
+    install_c_echo(&engines.join("c_echo/cpu"), "0.1.0", &["-DECHO_CRASH_ON_OPEN"]);
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, gguf("echo", 64)).unwrap();
+    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
+    desc.name = "m".into();
+    let node = Node::new(NodeConfig {
+        engines_dir: engines.clone(),
+        models: vec![desc],
+        cache_bytes: Some(0),
+        engine_isolation: EngineIsolation::Worker {
+            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
+            watchdog: Some(Duration::from_secs(30)),
+        },
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let models = node.models().clone();
+    let reports = models.engine_reports();
+    let c_echo = reports.iter().find(|r| r.folder == "c_echo/cpu").expect("reported");
+    assert_eq!(c_echo.state, "refused");
+    assert!(c_echo.reason.as_deref().unwrap_or_default().contains("SIGABRT"), "{c_echo:?}");
+    assert_eq!(models.entry("m").unwrap().plugin.id(), "echo");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(node.serve(listener, std::future::pending()));
+    assert_eq!(ok_answer(&url, "m").await, "back again");
+}
+
 /// Spec 003's periodic restart: after every 20 requests a model gets a new engine worker, loaded
 /// beside the old one; clients sending all along see no failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
