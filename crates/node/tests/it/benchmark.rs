@@ -3,13 +3,12 @@
 //! precedence, and the C template. The node benchmarks both in engine workers, moves the model
 //! to the faster, keeps the figures across a restart, and measures a new version again.
 
-use crate::support::{gguf, install_c_echo, wait_until};
+use crate::support::{gguf_model, install_c_echo, serve, wait_until, worker_node_config};
 use llmr_model_store::ModelDescriptor;
-use llmr_node::{EngineIsolation, ModelManager, Node, NodeConfig, WorkerCommand};
+use llmr_node::{ModelManager, Node, NodeConfig};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 fn set_builtin(plugin_dir: &Path, builtin: bool) {
     let path = plugin_dir.join("manifest.json");
@@ -19,28 +18,7 @@ fn set_builtin(plugin_dir: &Path, builtin: bool) {
 }
 
 fn config(engines: &Path, model: ModelDescriptor, book: &Path) -> NodeConfig {
-    NodeConfig {
-        engines_dir: engines.to_path_buf(),
-        models: vec![model],
-        cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(Duration::from_secs(30)),
-        },
-        benchmarks_file: Some(book.to_path_buf()),
-        ..NodeConfig::default()
-    }
-}
-
-/// Serves `node` on loopback until the returned sender is dropped or sent to.
-async fn serve(node: Node) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(node.serve(listener, async move {
-        let _ = stopped.await;
-    }));
-    (url, stop)
+    NodeConfig { benchmarks_file: Some(book.to_path_buf()), ..worker_node_config(engines, vec![model]) }
 }
 
 async fn answer(url: &str) -> String {
@@ -65,10 +43,7 @@ async fn the_best_engine_serves_once_benchmarked_and_a_new_version_is_measured_a
     let c_echo = engines.join("c_echo/cpu");
     install_c_echo(&c_echo, "0.1.0", &[]);
     set_builtin(&c_echo, true);
-    let path = dir.path().join("m.gguf");
-    std::fs::write(&path, gguf("echo", 64)).unwrap();
-    let mut desc = ModelDescriptor::from_gguf_file(&path).unwrap();
-    desc.name = "m".into();
+    let desc = gguf_model(dir.path(), "m", "echo");
     let book = dir.path().join("store/.engine-benchmarks.json");
 
     let node = Node::new(config(&engines, desc.clone(), &book)).unwrap();

@@ -2,14 +2,12 @@
 //! machine has no GPU): the echo plugin installed as a CUDA plugin, each model in an engine
 //! worker, and the GPU each instance was created for read back from the plugin's own metrics.
 
-use crate::support::{gguf, wait_until};
+use crate::support::{gguf_model, serve, wait_until, worker_node_config};
 use llmr_engine_host::GpuBackend;
-use llmr_model_store::ModelDescriptor;
-use llmr_node::{Device, DeviceInventory, EngineIsolation, ModelManager, Node, NodeConfig, WorkerCommand};
+use llmr_node::{Device, DeviceInventory, ModelManager, Node, NodeConfig};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 const GIB: u64 = 1 << 30;
 
@@ -53,10 +51,7 @@ async fn start(gpus: Vec<Device>, models: &[(&str, u64)], replicas: u32) -> Runn
     let descs = models
         .iter()
         .map(|(name, size)| {
-            let path = dir.path().join(format!("{name}.gguf"));
-            std::fs::write(&path, gguf("echo", 64)).unwrap();
-            let mut desc = ModelDescriptor::from_gguf_file(&path).unwrap();
-            desc.name = name.to_string();
+            let mut desc = gguf_model(dir.path(), name, "echo");
             // What the placement counts: the model as big as said (the echo engine reads nothing).
             desc.size_bytes = *size;
             desc
@@ -65,26 +60,14 @@ async fn start(gpus: Vec<Device>, models: &[(&str, u64)], replicas: u32) -> Runn
     let gpus = Arc::new(Mutex::new(gpus));
     let read = gpus.clone();
     let node = Node::new(NodeConfig {
-        engines_dir: engines,
-        models: descs,
-        cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(Duration::from_secs(30)),
-        },
         devices: DeviceInventory::new(GpuBackend::Cuda, move || read.lock().unwrap().clone()),
         gpu_replicas: replicas,
         memory_probe: llmr_node::memory_guard::MemoryProbe(Arc::new(|| None)),
-        ..NodeConfig::default()
+        ..worker_node_config(&engines, descs)
     })
     .unwrap();
     let models = node.models().clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(node.serve(listener, async move {
-        let _ = stopped.await;
-    }));
+    let (url, stop) = serve(node).await;
     Running { url, models, gpus, _stop: stop, _dir: dir }
 }
 

@@ -494,14 +494,19 @@ async fn a_final_assistant_message_is_continued_when_asked() {
 /// generation prompt, as DeepSeek-R1's do.
 const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }} {% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think> {% endif %}{{ m.content }}<|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant <think>{% endif %}";
 
-#[tokio::test]
-async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
-    let n = node_with("echo-think", 0, |c| {
+/// A node serving `echo-think`: the echo engine with [`THINKING_TEMPLATE`] as its template.
+fn thinking_node() -> TestNode {
+    node_with("echo-think", 0, |c| {
         let manifest = c.engines_dir.join("echo/cpu/manifest.json");
         let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
         m["parameters"]["chat_template"] = json!(THINKING_TEMPLATE);
         std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
-    });
+    })
+}
+
+#[tokio::test]
+async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
+    let n = thinking_node();
     // The echo engine repeats the prompt, which leaves it inside `<think>`: its first words are
     // thinking until the user's own `</think>`, the rest is the answer.
     let user = "plan</think>answer";
@@ -553,12 +558,7 @@ async fn a_reasoning_models_thinking_is_split_from_its_answer_on_every_api() {
 /// echo engine shows by repeating it from its start).
 #[tokio::test]
 async fn a_thinking_budget_closes_the_thinking_and_the_answer_follows() {
-    let n = node_with("echo-think", 0, |c| {
-        let manifest = c.engines_dir.join("echo/cpu/manifest.json");
-        let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
-        m["parameters"]["chat_template"] = json!(THINKING_TEMPLATE);
-        std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
-    });
+    let n = thinking_node();
     let user = "w1 w2 w3 w4 w5 w6 w7 w8";
     // Without a budget, six tokens of thinking and no answer.
     let whole: Value =

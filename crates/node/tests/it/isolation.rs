@@ -3,9 +3,8 @@
 //! magic prompt. A crash or hang fails only the requests on that worker, the model is served
 //! again shortly after, and other models never notice.
 
-use crate::support::{gguf, install_c_echo, wait_until};
-use llmr_model_store::ModelDescriptor;
-use llmr_node::{EngineIsolation, Node, NodeConfig, RestartPolicy, WorkerCommand};
+use crate::support::{gguf_model, in_workers, install_c_echo, serve, wait_until, worker_node_config};
+use llmr_node::{Node, NodeConfig, RestartPolicy};
 use serde_json::{json, Value};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -46,24 +45,12 @@ async fn start_with(
 ) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let engines = llmr_testkit::crashing_echo_engines(&dir.path().join("engines"), delay_ms);
-    let models = ["a", "b"]
-        .iter()
-        .map(|name| {
-            let path = dir.path().join(format!("{name}.gguf"));
-            std::fs::write(&path, gguf("echo", 64)).unwrap();
-            let mut desc = ModelDescriptor::from_gguf_file(&path).unwrap();
-            desc.name = name.to_string();
-            desc
-        })
-        .collect();
+    let models = ["a", "b"].iter().map(|name| gguf_model(dir.path(), name, "echo")).collect();
     let node = Node::new(NodeConfig {
         engines_dir: engines,
         models,
         cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(watchdog),
-        },
+        engine_isolation: in_workers(watchdog),
         memory_probe,
         engine_restart,
         ..NodeConfig::default()
@@ -271,29 +258,14 @@ async fn a_new_plugin_version_takes_over_under_load_and_no_request_fails() {
     let dir = tempfile::tempdir().unwrap();
     let plugin_dir = dir.path().join("engines/c_echo/cpu");
     install_c_echo(&plugin_dir, "0.1.0", &[]);
-    let model = dir.path().join("m.gguf");
-    std::fs::write(&model, gguf("echo", 64)).unwrap();
-    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
-    desc.name = "m".into();
+    let desc = gguf_model(dir.path(), "m", "echo");
     let node = Node::new(NodeConfig {
-        engines_dir: dir.path().join("engines"),
-        models: vec![desc],
-        cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(Duration::from_secs(30)),
-        },
         memory_probe: llmr_node::memory_guard::MemoryProbe(Arc::new(|| None)),
-        ..NodeConfig::default()
+        ..worker_node_config(&dir.path().join("engines"), vec![desc])
     })
     .unwrap();
     let models = node.models().clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(node.serve(listener, async move {
-        let _ = stopped.await;
-    }));
+    let (url, _stop) = serve(node).await;
     let expected = ok_answer(&url, "m").await;
     let version_of_m = |models: &Arc<llmr_node::ModelManager>| {
         models.loaded().iter().find(|m| m.name == "m").map(|m| m.engine_version.clone())
@@ -353,26 +325,11 @@ async fn a_new_plugin_version_takes_over_under_load_and_no_request_fails() {
 async fn an_engine_installed_while_serving_serves_the_models_it_can_run() {
     let dir = tempfile::tempdir().unwrap();
     let engines = llmr_testkit::echo_engines(&dir.path().join("engines"), 0);
-    let model = dir.path().join("m.gguf");
-    std::fs::write(&model, gguf("c_arch", 64)).unwrap();
-    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
-    desc.name = "m".into();
-    let node = Node::new(NodeConfig {
-        engines_dir: engines.clone(),
-        models: vec![desc],
-        cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(Duration::from_secs(30)),
-        },
-        ..NodeConfig::default()
-    })
-    .unwrap();
+    let desc = gguf_model(dir.path(), "m", "c_arch");
+    let node = Node::new(worker_node_config(&engines, vec![desc])).unwrap();
     let models = node.models().clone();
     assert!(!models.contains("m"), "no plugin runs c_arch yet");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(node.serve(listener, std::future::pending()));
+    let (url, _stop) = serve(node).await;
     assert_eq!(post(&url, &completion("m", "hello there", false)).await.status(), 404);
 
     // Installed the way a plugin is: built elsewhere, then renamed into place.
@@ -399,30 +356,15 @@ async fn a_plugin_that_crashes_when_opened_is_refused_and_the_node_serves() {
     let dir = tempfile::tempdir().unwrap();
     let engines = llmr_testkit::echo_engines(&dir.path().join("engines"), 0);
     install_c_echo(&engines.join("c_echo/cpu"), "0.1.0", &["-DECHO_CRASH_ON_OPEN"]);
-    let model = dir.path().join("m.gguf");
-    std::fs::write(&model, gguf("echo", 64)).unwrap();
-    let mut desc = ModelDescriptor::from_gguf_file(&model).unwrap();
-    desc.name = "m".into();
-    let node = Node::new(NodeConfig {
-        engines_dir: engines.clone(),
-        models: vec![desc],
-        cache_bytes: Some(0),
-        engine_isolation: EngineIsolation::Worker {
-            command: WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
-            watchdog: Some(Duration::from_secs(30)),
-        },
-        ..NodeConfig::default()
-    })
-    .unwrap();
+    let desc = gguf_model(dir.path(), "m", "echo");
+    let node = Node::new(worker_node_config(&engines, vec![desc])).unwrap();
     let models = node.models().clone();
     let reports = models.engine_reports();
     let c_echo = reports.iter().find(|r| r.folder == "c_echo/cpu").expect("reported");
     assert_eq!(c_echo.state, "refused");
     assert!(c_echo.reason.as_deref().unwrap_or_default().contains("SIGABRT"), "{c_echo:?}");
     assert_eq!(models.entry("m").unwrap().plugin.id(), "echo");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(node.serve(listener, std::future::pending()));
+    let (url, _stop) = serve(node).await;
     assert_eq!(ok_answer(&url, "m").await, "back again");
 }
 

@@ -163,3 +163,44 @@ pub fn install_c_echo(plugin_dir: &std::path::Path, version: &str, flags: &[&str
     replace_file(&plugin_dir.join("libllmr_c_echo.so"), &std::fs::read(lib).unwrap());
     replace_file(&plugin_dir.join("manifest.json"), &serde_json::to_vec_pretty(&manifest).unwrap());
 }
+
+/// Each model in an engine worker (the real `llmr-engine-worker`), with the watchdog at `watchdog`.
+pub fn in_workers(watchdog: Duration) -> llmr_node::EngineIsolation {
+    llmr_node::EngineIsolation::Worker {
+        command: llmr_node::WorkerCommand { program: llmr_testkit::engine_worker_program(), args: Vec::new() },
+        watchdog: Some(watchdog),
+    }
+}
+
+/// A GGUF model of architecture `arch` in `dir`, served as `name`.
+pub fn gguf_model(dir: &Path, name: &str, arch: &str) -> llmr_model_store::ModelDescriptor {
+    let path = dir.join(format!("{name}.gguf"));
+    std::fs::write(&path, gguf(arch, 64)).unwrap();
+    let mut desc = llmr_model_store::ModelDescriptor::from_gguf_file(&path).unwrap();
+    desc.name = name.to_owned();
+    desc
+}
+
+/// A node's configuration with `models`, each in an engine worker (30 s watchdog), no answer
+/// cache.
+pub fn worker_node_config(engines: &Path, models: Vec<llmr_model_store::ModelDescriptor>) -> NodeConfig {
+    NodeConfig {
+        engines_dir: engines.to_path_buf(),
+        models,
+        cache_bytes: Some(0),
+        engine_isolation: in_workers(Duration::from_secs(30)),
+        ..NodeConfig::default()
+    }
+}
+
+/// Serves `node` on loopback; returns its URL, and a sender that stops it when sent to or
+/// dropped.
+pub async fn serve(node: Node) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(node.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    (url, stop)
+}
