@@ -99,7 +99,10 @@ fn describe() {
         "Host memory holding saved prompt prefixes (idle KV caches), by model"
     );
     metrics::describe_counter!(MODEL_LOADS, "Model loads, by model");
-    metrics::describe_counter!(PLUGIN_RELOADS, "Engine plugins replaced by a new version while serving, by engine");
+    metrics::describe_counter!(
+        PLUGIN_RELOADS,
+        "Engine plugins replaced by a new version, or added, while serving, by engine"
+    );
     metrics::describe_counter!(
         MEMORY_UNLOADS,
         "Idle models unloaded because memory in use passed 90% (spec 000), by model"
