@@ -201,7 +201,6 @@ fn a_load_failure_is_the_engines_error_and_the_worker_exits() {
 fn a_load_that_hangs_is_a_timeout_and_the_worker_is_ended() {
     let setup = setup(0);
     let spec = ModelSpec::new("m-LLMR_HANG", Format::Gguf, setup.model.display().to_string());
-    let started = Instant::now();
     let err = WorkerEngine::spawn(
         &command(),
         &setup.plugin_dir,
@@ -214,7 +213,6 @@ fn a_load_that_hangs_is_a_timeout_and_the_worker_is_ended() {
     .expect("a load that never ends fails");
     assert_eq!(err.status, EngineStatus::Timeout, "{err:?}");
     assert!(err.message.contains("did not finish loading it within 1 s"), "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(60), "the caller was not held past the limit");
     // The same model id without the magic loads within the limit.
     let spec = ModelSpec::new("m", Format::Gguf, setup.model.display().to_string());
     let engine = WorkerEngine::spawn(
