@@ -220,12 +220,12 @@ impl ModelManager {
             return;
         }
         for plugin in &candidates {
-            let version = plugin.manifest.version.to_string();
-            let (measured, _) = self.measured(desc, std::slice::from_ref(plugin));
-            let key = (desc.name.clone(), plugin.id().to_owned(), version.clone());
-            if !measured.is_empty() || self.benchmarks.failed.lock().unwrap().contains(&key) {
+            // Measured already at this version, or failed to load the model.
+            if !self.measured(desc, std::slice::from_ref(plugin)).1 {
                 continue;
             }
+            let version = plugin.manifest.version.to_string();
+            let key = (desc.name.clone(), plugin.id().to_owned(), version.clone());
             // Room for one more copy, where a copy of the model would go.
             let footprint = estimate_footprint(desc);
             let placement = match self.place(plugin, name, footprint, 0, &[]) {
