@@ -143,13 +143,15 @@ def test_streamed_tool_use_accumulates_its_input(claude):
 def test_output_config_schema(claude):
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        # A bounded name: sampled freely, SmolLM2 once wrote a name past 80 tokens (a `max_tokens`
+        # stop, not the grammar's end, in one CI run of many).
+        "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}},
         "required": ["name", "age"],
         "additionalProperties": False,
     }
     m = claude.messages.create(
         model=MODEL,
-        max_tokens=80,
+        max_tokens=200,
         messages=[{"role": "user", "content": "Invent a person."}],
         output_config={"format": {"type": "json_schema", "schema": schema}},
     )
