@@ -98,7 +98,16 @@ def test_count_tokens_matches_the_prompt_a_message_reads(claude):
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
 def test_forced_tool_use_and_its_result(claude, choice):
     question = {"role": "user", "content": "What is the weather in Paris?"}
-    m = claude.messages.create(model=MODEL, max_tokens=80, tools=[WEATHER], tool_choice=choice, messages=[question])
+    # Greedy on both turns: a sampled first call sometimes led SmolLM2 to answer the tool result with
+    # another call written as text (2 runs of 127 in one CI rehearsal).
+    m = claude.messages.create(
+        model=MODEL,
+        max_tokens=80,
+        tools=[WEATHER],
+        tool_choice=choice,
+        messages=[question],
+        extra_body={"temperature": 0.0},
+    )
     assert m.stop_reason == "tool_use"
     calls = [b for b in m.content if b.type == "tool_use"]
     assert len(calls) >= 1 and calls[0].name == "get_weather" and calls[0].id.startswith("toolu_")
