@@ -42,7 +42,10 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     ntg: u32,
     /// Which tests to run: pp, tg, batch, and tg_json / batch_json, the same decodes under a
-    /// grammar (an endless JSON array of objects, so that every token pays for its mask).
+    /// grammar (an endless JSON array of objects, so that every token pays for its mask), and
+    /// copy: answers that copy a passage of their prompt, at each concurrency, with speculative
+    /// decoding (prompt lookup) on and off. pp, tg and batch run with speculation off: they
+    /// compare the engine's decode with llama.cpp's tools, which do not speculate.
     #[arg(long, value_delimiter = ',', default_value = "pp,tg,batch")]
     tests: Vec<String>,
     /// Context per sequence.
@@ -152,6 +155,7 @@ fn run_pp(engine: &Engine, args: &Args) -> Result<serde_json::Value> {
         let prompt = prompt_of(engine, args.pp, 1000 + rep as u64)?;
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
         p.sampling.max_tokens = Some(1);
+        p.sampling.speculative = false;
         p.parse_special = false;
         let r = engine.infer(&p, |_| true)?;
         let evaluated = (r.prompt_tokens - r.cached_tokens) as f64;
@@ -171,6 +175,7 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>) -> Resu
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
         p.sampling.max_tokens = Some(args.tg + 1);
         p.sampling.constraint = constraint.cloned();
+        p.sampling.speculative = false;
         p.ignore_eos = true;
         let r = engine.infer(&p, |_| true)?;
         if r.finish_reason != FinishReason::Length {
@@ -205,6 +210,7 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
                         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
                         p.sampling.max_tokens = Some(args.ntg);
                         p.sampling.constraint = constraint.cloned();
+                        p.sampling.speculative = false;
                         p.ignore_eos = true;
                         let mut times = Vec::with_capacity(args.ntg as usize);
                         let r = engine.infer(&p, |t| {
@@ -246,6 +252,104 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
         "first_token_spread_ms": median(spreads),
         "all_decoding_tokens_per_s": median(together_rates),
         "ended_early": ended_early,
+    }))
+}
+
+/// Public-domain passages the copy test's answers repeat.
+const PASSAGES: [&str; 4] = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be \
+     in want of a wife. However little known the feelings or views of such a man may be on his first \
+     entering a neighbourhood, this truth is so well fixed in the minds of the surrounding families.",
+    "Four score and seven years ago our fathers brought forth on this continent, a new nation, \
+     conceived in Liberty, and dedicated to the proposition that all men are created equal. Now we are \
+     engaged in a great civil war, testing whether that nation, or any nation so conceived and so \
+     dedicated, can long endure.",
+    "Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my \
+     purse, and nothing particular to interest me on shore, I thought I would sail about a little and \
+     see the watery part of the world.",
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings \
+     and arrows of outrageous fortune, or to take arms against a sea of troubles, and by opposing end \
+     them. To die, to sleep, no more.",
+];
+
+/// Draft tokens fed and kept so far (0 for an engine that does not speculate).
+fn draft_counters(engine: &Engine) -> Result<(u64, u64)> {
+    let m = engine.metrics()?;
+    let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
+    let n = |k: &str| model.as_ref().and_then(|x| x[k].as_u64()).unwrap_or(0);
+    Ok((n("draft_tokens_total"), n("draft_accepted_total")))
+}
+
+/// `n` sequences at once, each asked to copy a passage of its prompt (greedy, until the model
+/// stops or `ntg` tokens), with speculation on and off in alternating order, one warm-up round
+/// first. Decode rate as in `run_batch`. `same_outputs`: the rounds whose greedy outputs were
+/// the same token for token on and off (llama.cpp's logits move a little with the batch's
+/// shape, so a near tie can go the other way).
+fn run_copy(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
+    let prompts: Vec<String> = (0..n as usize)
+        .map(|i| format!("Copy the text exactly.\n\nText: {}\n\nCopy: ", PASSAGES[i % PASSAGES.len()]))
+        .collect();
+    let run = |speculative: bool| -> Result<(f64, Vec<Vec<i32>>)> {
+        let results: Vec<Result<(Vec<u64>, Vec<i32>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|prompt| {
+                    s.spawn(move || -> Result<(Vec<u64>, Vec<i32>)> {
+                        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+                        p.sampling.max_tokens = Some(args.ntg);
+                        p.sampling.speculative = speculative;
+                        p.parse_special = false;
+                        let (mut times, mut ids) = (Vec::new(), Vec::new());
+                        engine.infer(&p, |t| {
+                            times.push(t.timestamp_ns);
+                            ids.push(t.token_id);
+                            true
+                        })?;
+                        Ok((times, ids))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+        });
+        let results: Vec<(Vec<u64>, Vec<i32>)> = results.into_iter().collect::<Result<_>>()?;
+        let t0 = results.iter().filter_map(|r| r.0.first().copied()).min().unwrap_or(0);
+        let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
+        let decoded: usize = results.iter().map(|r| r.1.len().saturating_sub(1)).sum();
+        let rate = if t1 > t0 { decoded as f64 / ((t1 - t0) as f64 / 1e9) } else { f64::NAN };
+        Ok((rate, results.into_iter().map(|r| r.1).collect()))
+    };
+    let (mut on, mut off, mut same) = (Vec::new(), Vec::new(), 0);
+    let (mut drafted, mut accepted, mut tokens) = (0, 0, 0);
+    for rep in 0..args.reps.min(3) + 1 {
+        let mut outputs = [Vec::new(), Vec::new()];
+        for speculative in if rep % 2 == 0 { [true, false] } else { [false, true] } {
+            let before = draft_counters(engine)?;
+            let (rate, ids) = run(speculative)?;
+            let after = draft_counters(engine)?;
+            if rep > 0 {
+                if speculative {
+                    on.push(rate);
+                    drafted += after.0 - before.0;
+                    accepted += after.1 - before.1;
+                    tokens += ids.iter().map(Vec::len).sum::<usize>();
+                } else {
+                    off.push(rate);
+                }
+            }
+            outputs[usize::from(speculative)] = ids;
+        }
+        if rep > 0 && outputs[0] == outputs[1] {
+            same += 1;
+        }
+    }
+    let (on, off) = (median(on.clone()), median(off.clone()));
+    Ok(serde_json::json!({
+        "sequences": n, "ntg": args.ntg,
+        "speculative_tokens_per_s": on, "plain_tokens_per_s": off, "speedup": on / off,
+        "drafted": drafted, "accepted": accepted,
+        "acceptance": if drafted > 0 { accepted as f64 / drafted as f64 } else { f64::NAN },
+        "tokens": tokens,
+        "same_outputs": same, "rounds": args.reps.min(3),
     }))
 }
 
@@ -295,6 +399,9 @@ fn main() -> Result<()> {
                 .collect::<Result<Vec<_>>>()?
                 .into();
         }
+    }
+    if want("copy") {
+        out["copy"] = args.concurrency.iter().map(|&n| run_copy(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();
     }
     // The engine's own counters (the native engine's KV policy passes and their time among them).
     out["engine_metrics"] = engine.metrics()?;

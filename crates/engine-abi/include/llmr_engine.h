@@ -72,7 +72,7 @@ extern "C" {
 #endif
 
 #define LLMR_ENGINE_ABI_MAJOR 1u
-#define LLMR_ENGINE_ABI_MINOR 3u
+#define LLMR_ENGINE_ABI_MINOR 4u
 
 #if defined(_WIN32)
 #define LLMR_EXPORT __declspec(dllexport)
@@ -140,6 +140,8 @@ typedef int32_t llmr_status;
 #define LLMR_INFER_PARSE_SPECIAL (1u << 2)  /* special-token text in the prompt becomes tokens */
 #define LLMR_INFER_ADD_BOS (1u << 3)        /* prepend the model's BOS token when it has one */
 #define LLMR_INFER_IGNORE_EOS (1u << 4)     /* keep generating past end-of-generation tokens */
+#define LLMR_INFER_NO_SPECULATION (1u << 5) /* minor 4: decode one token per step, no drafts (an
+                                               engine without speculation ignores it) */
 
 /*
  * llmr_infer_request.constraint_kind (minor 1): the language the output must belong to. The

@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/llmr_engine.h");
 
 pub const LLMR_ENGINE_ABI_MAJOR: u32 = 1;
-pub const LLMR_ENGINE_ABI_MINOR: u32 = 3;
+pub const LLMR_ENGINE_ABI_MINOR: u32 = 4;
 
 pub type llmr_status = i32;
 pub const LLMR_OK: llmr_status = 0;
@@ -63,6 +63,7 @@ pub const LLMR_INFER_LOGPROBS: u32 = 1 << 1;
 pub const LLMR_INFER_PARSE_SPECIAL: u32 = 1 << 2;
 pub const LLMR_INFER_ADD_BOS: u32 = 1 << 3;
 pub const LLMR_INFER_IGNORE_EOS: u32 = 1 << 4;
+pub const LLMR_INFER_NO_SPECULATION: u32 = 1 << 5;
 
 pub const LLMR_CONSTRAINT_NONE: u32 = 0;
 pub const LLMR_CONSTRAINT_JSON_SCHEMA: u32 = 1;

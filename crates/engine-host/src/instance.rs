@@ -481,6 +481,7 @@ impl EngineInstance {
             (params.parse_special, abi::LLMR_INFER_PARSE_SPECIAL),
             (params.add_bos, abi::LLMR_INFER_ADD_BOS),
             (params.ignore_eos, abi::LLMR_INFER_IGNORE_EOS),
+            (!s.speculative, abi::LLMR_INFER_NO_SPECULATION),
         ] {
             if on {
                 flags |= bit;

@@ -348,6 +348,7 @@ pub unsafe fn infer<E: Engine>(
                 stop: abi_str_array(r.stop, r.stop_count, "request.stop")?.into_iter().map(str::to_owned).collect(),
                 logprobs: (r.flags & abi::LLMR_INFER_LOGPROBS != 0).then_some(r.top_logprobs.min(20)),
                 constraint: read_constraint(r.constraint_kind, r.constraint)?,
+                speculative: r.flags & abi::LLMR_INFER_NO_SPECULATION == 0,
             },
             prompt_tokens: abi_tokens(r.prompt_tokens, "request.prompt_tokens")?,
             parse_special: r.flags & abi::LLMR_INFER_PARSE_SPECIAL != 0,

@@ -24,6 +24,14 @@ pub struct Sampling {
     pub logprobs: Option<u32>,
     /// `Some`: the output must belong to this grammar (structured output, forced tool calls).
     pub constraint: Option<Constraint>,
+    /// Whether an engine that drafts tokens (speculative decoding) may do so for this request;
+    /// the output is the same either way, `false` only keeps one token per step.
+    #[serde(default = "yes")]
+    pub speculative: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Sampling {
@@ -42,6 +50,7 @@ impl Default for Sampling {
             stop: Vec::new(),
             logprobs: None,
             constraint: None,
+            speculative: true,
         }
     }
 }

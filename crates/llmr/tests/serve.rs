@@ -91,6 +91,35 @@ fn metric(text: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// Speculative decoding drafts from the prompt for an answer that copies it, counted in
+/// `/metrics`; `speculative: false` turns it off for one request.
+#[test]
+fn speculative_decoding_is_counted_and_can_be_turned_off_per_request() {
+    let s = serve(&["--model", &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"))]);
+    let copy = |speculative: bool, nonce: u32| {
+        let mut body = chat(
+            "smollm2",
+            &format!("Repeat this text word for word ({nonce}): the quick brown fox jumps over the lazy dog, then the quick brown fox jumps again."),
+        );
+        body["max_tokens"] = json!(40);
+        body["speculative"] = json!(speculative);
+        let (status, answer) = s.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+    };
+    let drafted = || metric(&s.get_text("/metrics"), "llmr_spec_decode_draft_tokens_total", "smollm2");
+    copy(false, 1);
+    assert_eq!(drafted(), 0.0, "speculative: false drafts nothing");
+    copy(true, 2);
+    let after = drafted();
+    assert!(after > 0.0, "a copying answer is drafted from its prompt");
+    let m = s.get_text("/metrics");
+    assert!(metric(&m, "llmr_spec_decode_accepted_tokens_total", "smollm2") <= after, "{m}");
+    let mut bad = chat("smollm2", "x");
+    bad["speculative"] = json!("yes");
+    let (status, e) = s.post("/v1/chat/completions", &bad);
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("speculative")), "{e}");
+}
+
 #[test]
 fn temperature_zero_answers_are_cached_and_metrics_count_them() {
     let s = serve(&["--model", &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"))]);

@@ -41,6 +41,9 @@ pub struct ChatCompletionRequest {
     pub frequency_penalty: Option<f64>,
     #[serde(default)]
     pub seed: Option<i64>,
+    /// llmr's: `false` turns speculative decoding (prompt lookup) off for this request.
+    #[serde(default)]
+    pub speculative: Option<bool>,
     #[serde(default)]
     pub stop: Option<StopWire>,
     #[serde(default)]
@@ -325,6 +328,7 @@ impl ChatCompletionRequest {
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             stop: self.stop,
+            speculative: self.speculative,
         };
         let n = choice_count(self.n)?;
         let unset = wire.unset();
@@ -631,6 +635,11 @@ mod tests {
         assert_eq!((r.sampling.max_tokens, r.sampling.logprobs), (Some(5), Some(2)));
         assert!(r.stream && r.include_usage);
         assert_eq!(r.sampling.stop, vec!["\n".to_string()]);
+        assert!(r.sampling.speculative, "speculative decoding is on unless a request turns it off");
+        let off = req(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"speculative":false}"#).unwrap();
+        assert!(!off.sampling.speculative);
+        let e = req(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"speculative":"no"}"#).unwrap_err();
+        assert!(e.message.contains("speculative"), "{}", e.message);
     }
 
     #[test]

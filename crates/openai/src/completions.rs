@@ -32,6 +32,9 @@ pub struct CompletionRequest {
     pub frequency_penalty: Option<f64>,
     #[serde(default)]
     pub seed: Option<i64>,
+    /// llmr's: `false` turns speculative decoding (prompt lookup) off for this request.
+    #[serde(default)]
+    pub speculative: Option<bool>,
     #[serde(default)]
     pub stop: Option<StopWire>,
     #[serde(default)]
@@ -163,6 +166,7 @@ impl CompletionRequest {
             frequency_penalty: self.frequency_penalty,
             seed: self.seed,
             stop: self.stop,
+            speculative: self.speculative,
         };
         let unset = wire.unset();
         let mut sampling = wire.validate()?;

@@ -34,6 +34,9 @@ pub struct SamplingWire {
     pub frequency_penalty: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<StopWire>,
+    /// llmr's: `false` turns speculative decoding off for this request (on by default where the
+    /// engine has it; the output is the same either way).
+    pub speculative: Option<bool>,
 }
 
 /// At most this many choices per prompt (`n`), and choices per request (prompts times `n`):
@@ -109,6 +112,7 @@ impl SamplingWire {
             stop,
             logprobs: None,
             constraint: None,
+            speculative: self.speculative.unwrap_or(true),
         })
     }
 }

@@ -1,8 +1,9 @@
 //! What every generating engine does on the CPU around its forward passes, shared so that the
 //! engines behave alike: choosing the next token from the logits for a request's [`Sampling`]
 //! settings ([`Sampler`], with llama-server's order and llama.cpp's semantics), reading logprobs
-//! and the argmax off the logits, keeping idle sequences' state in host memory ([`PrefixStore`])
-//! and pacing prompt tokens while others generate ([`Pacer`]).
+//! and the argmax off the logits, keeping idle sequences' state in host memory ([`PrefixStore`]),
+//! pacing prompt tokens while others generate ([`Pacer`]) and drafting tokens for speculative
+//! decoding from the sequence's own text ([`Speculator`]).
 //!
 //! The llama.cpp plugin samples through [`Direct`] where it applies and llama.cpp's own sampler
 //! chain elsewhere; an engine without llama.cpp uses [`Sampler`], which adds the pure-Rust
@@ -13,14 +14,18 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod chain;
+mod draft;
 mod logits;
 mod pacing;
 mod prefix_store;
+mod step_cost;
 mod temperature;
 
 pub use chain::{is_greedy, random_seed, Chain, Direct, Sampler, PENALTY_LAST_N};
+pub use draft::{lookup as draft_lookup, DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
 pub use llmr_engine_types::Sampling;
 pub use logits::{argmax, logprobs};
 pub use pacing::Pacer;
 pub use prefix_store::{common_prefix, PrefixStore};
+pub use step_cost::StepCost;
 pub use temperature::TemperatureSampler;

@@ -23,6 +23,7 @@ use llmr_engine_sdk::{
     ModelInfo, TokenSink,
 };
 use llmr_kv_policy::Level;
+use llmr_sampling::DraftSettings;
 use model::ModelMeta;
 use scheduler::{Command, Job, Stats};
 use settings::{Change, ContextSettings, KvType, StepSettings};
@@ -212,12 +213,26 @@ impl Engine for LlamaCppEngine {
             Some(v) => settings::parse_prefix_cache_mib(v)?,
             None => DEFAULT_PREFIX_CACHE_MIB,
         };
+        let draft_max = match config.params.get("speculative_draft_max") {
+            Some(v) => settings::parse_draft_max(v)?,
+            None => DraftSettings::DEFAULT.max as u32,
+        };
+        let draft_threshold = match config.params.get("speculative_threshold") {
+            Some(v) => settings::parse_draft_threshold(v)?,
+            None => None,
+        };
         Ok(LlamaCppEngine {
             config,
             defaults: Mutex::new(LoadDefaults {
                 kv_type: None,
                 threads: None,
-                step: StepSettings { prefill_chunk: chunk, prefill_stall: stall, prefix_cache_mib },
+                step: StepSettings {
+                    prefill_chunk: chunk,
+                    prefill_stall: stall,
+                    prefix_cache_mib,
+                    draft_max,
+                    draft_threshold,
+                },
             }),
             models: RwLock::default(),
             running: Mutex::default(),
@@ -428,6 +443,9 @@ impl Engine for LlamaCppEngine {
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
                     "prefix_cache_restored_total": get(&s.prefix_cache_restored_total),
                     "prefix_copies_total": get(&s.prefix_copies_total),
+                    // Speculative decoding: draft tokens fed and how many the sampler kept.
+                    "draft_tokens_total": get(&s.draft_tokens_total),
+                    "draft_accepted_total": get(&s.draft_accepted_total),
                     "kv_separate_streams": scheduler::separate_streams(&settings),
                     "kv_cache_type": settings.kv_type.name(),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
@@ -460,6 +478,8 @@ impl Engine for LlamaCppEngine {
                     Change::PrefillChunk(n) => d.step.prefill_chunk = n,
                     Change::PrefillStall(s) => d.step.prefill_stall = s,
                     Change::PrefixCacheMib(n) => d.step.prefix_cache_mib = n,
+                    Change::DraftMax(n) => d.step.draft_max = n,
+                    Change::DraftThreshold(t) => d.step.draft_threshold = t,
                 }
                 self.models.read().unwrap().values().cloned().collect()
             }
@@ -470,7 +490,11 @@ impl Engine for LlamaCppEngine {
                 match change {
                     Change::KvType(t) => s.kv_type = t,
                     Change::Threads(n) => s.threads = n,
-                    Change::PrefillChunk(_) | Change::PrefillStall(_) | Change::PrefixCacheMib(_) => {}
+                    Change::PrefillChunk(_)
+                    | Change::PrefillStall(_)
+                    | Change::PrefixCacheMib(_)
+                    | Change::DraftMax(_)
+                    | Change::DraftThreshold(_) => {}
                 }
             }
             if let Some(w) = m.scheduler.lock().unwrap().as_ref() {

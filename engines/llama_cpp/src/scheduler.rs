@@ -14,6 +14,11 @@
 //! metadata only in a unified cache, a copy of the whole stream between separate ones), or that
 //! host memory saved from an idle slot (`prefixes.rs`), so shared system prompts are processed
 //! once.
+//! Speculative decoding by prompt lookup (`llmr_sampling::Speculator`): a generating sequence may
+//! feed, after its pending token, a draft copied from its own earlier text; the step samples at
+//! each of those positions in order and keeps the draft up to the first token the sampler did
+//! not pick, and the rest leaves the KV cache (`seq_rm`). Drafts take batch room from the prompt
+//! chunk, never from another sequence's token.
 
 use crate::backend;
 use crate::sampling::TokenSampler;
@@ -30,7 +35,9 @@ use llmr_engine_sdk::text::{StopMatcher, Utf8Stream};
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::Sampling;
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger};
-use llmr_sampling::{common_prefix, logprobs, Pacer, PrefixStore};
+use llmr_sampling::{
+    common_prefix, logprobs, DraftSettings, Pacer, PrefixStore, Speculator, StepCost, UNKNOWN_COST_THRESHOLD,
+};
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,6 +90,9 @@ pub struct Stats {
     pub prefix_cache_restored_total: AtomicU64,
     /// Requests whose prefix was copied from another slot's cache.
     pub prefix_copies_total: AtomicU64,
+    /// Draft tokens fed for speculative decoding, and those the sampler kept.
+    pub draft_tokens_total: AtomicU64,
+    pub draft_accepted_total: AtomicU64,
 }
 
 struct Active {
@@ -93,6 +103,9 @@ struct Active {
     sampler: TokenSampler,
     /// Sampled but not yet fed to the model.
     pending: Option<LlamaToken>,
+    /// Draft tokens fed after `pending` in the current batch (at the batch indices after its).
+    drafted: Vec<LlamaToken>,
+    spec: Speculator,
     /// Index in the current batch whose logits this slot samples from.
     batch_idx: Option<i32>,
     generated: u32,
@@ -101,6 +114,14 @@ struct Active {
     piece: Vec<u8>,
     started: Instant,
     first_token: Option<Instant>,
+}
+
+/// What drawing one token led to.
+enum Drawn {
+    /// The sequence goes on from this token.
+    Next(LlamaToken),
+    Finish(FinishReason),
+    Failed(EngineError),
 }
 
 /// A slot's state before a step, to undo the step if decoding fails.
@@ -132,6 +153,8 @@ pub struct Scheduler<'m> {
     logger: Logger,
     steps: u64,
     pacer: Pacer,
+    /// What a step costs by its number of tokens: whether draft tokens pay.
+    cost: StepCost,
     saved: PrefixStore<LlamaToken, SeqState>,
 }
 
@@ -213,6 +236,7 @@ pub fn run(
         logger,
         steps: 0,
         pacer: Pacer::default(),
+        cost: StepCost::default(),
         saved: PrefixStore::new(mib(step.prefix_cache_mib)),
     };
     s.reset_slots();
@@ -292,6 +316,15 @@ impl<'m> Scheduler<'m> {
                 self.publish_saved();
                 true
             }
+            // Requests admitted from now on draft this much; running ones keep theirs.
+            Command::Change(Change::DraftMax(n)) => {
+                self.step.draft_max = n;
+                true
+            }
+            Command::Change(Change::DraftThreshold(t)) => {
+                self.step.draft_threshold = t;
+                true
+            }
             Command::Change(Change::PrefillChunk(n)) => {
                 self.step.prefill_chunk = n;
                 self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
@@ -324,7 +357,11 @@ impl<'m> Scheduler<'m> {
             match c {
                 Change::KvType(t) => next.kv_type = t,
                 Change::Threads(n) => next.threads = n,
-                Change::PrefillChunk(_) | Change::PrefillStall(_) | Change::PrefixCacheMib(_) => {}
+                Change::PrefillChunk(_)
+                | Change::PrefillStall(_)
+                | Change::PrefixCacheMib(_)
+                | Change::DraftMax(_)
+                | Change::DraftThreshold(_) => {}
             }
         }
         if next == self.settings {
@@ -375,6 +412,8 @@ impl<'m> Scheduler<'m> {
             }
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab(), job.mask.take());
             let stops = StopMatcher::new(job.sampling.stop.iter().cloned());
+            let draft_max = if job.sampling.speculative && self.can_speculate() { self.step.draft_max } else { 0 };
+            let spec = Speculator::new(DraftSettings { max: draft_max as usize, ..DraftSettings::DEFAULT });
             self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
             self.slots[target].active = Some(Active {
@@ -382,6 +421,8 @@ impl<'m> Scheduler<'m> {
                 cached_prompt: reused,
                 sampler,
                 pending: None,
+                drafted: Vec::new(),
+                spec,
                 batch_idx: None,
                 generated: 0,
                 utf8: Utf8Stream::default(),
@@ -396,26 +437,51 @@ impl<'m> Scheduler<'m> {
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
     }
 
-    /// Fills the batch; returns (generated tokens, prompt tokens) in it.
+    /// Whether this model's cache can drop the tail of a sequence, which rejected drafts need
+    /// (recurrent state cannot be rolled back).
+    fn can_speculate(&self) -> bool {
+        !self.model.is_recurrent() && !self.model.is_hybrid()
+    }
+
+    /// Fills the batch; returns (generating sequences, other tokens: prompt and drafts) in it.
     fn build_batch(&mut self) -> (usize, usize) {
         self.batch.clear();
         let mut n = 0i32;
+        let ctx_per_seq = self.settings.ctx_per_seq as usize;
+        let chunk = self.step.prefill_chunk as usize;
+        let mut budget = chunk;
+        let mut decoding = 0;
+        let generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some())).count();
+        let threshold = self
+            .step
+            .draft_threshold
+            .unwrap_or_else(|| self.cost.marginal_share(generating).unwrap_or(UNKNOWN_COST_THRESHOLD));
         for slot in self.slots.iter_mut() {
             let Some(a) = slot.active.as_mut() else { continue };
             a.batch_idx = None;
+            a.drafted.clear();
             if let Some(tok) = a.pending.take() {
                 self.batch.add(tok, slot.cached.len() as i32, &[slot.seq], true).expect("batch sized for every slot");
                 slot.cached.push(tok);
                 a.batch_idx = Some(n);
                 n += 1;
+                decoding += 1;
+                // A draft never asks for more than the request and the context have left: the
+                // token sampled from `tok`'s logits is the first of what remains.
+                let left = (a.job.max_tokens.saturating_sub(a.generated) as usize).saturating_sub(1);
+                let room = left.min(ctx_per_seq.saturating_sub(slot.cached.len() + 1)).min(budget);
+                a.drafted = a.spec.draft(&slot.cached, room, threshold);
+                for &d in &a.drafted {
+                    self.batch.add(d, slot.cached.len() as i32, &[slot.seq], true).expect("drafts fit the chunk");
+                    slot.cached.push(d);
+                    n += 1;
+                }
+                budget -= a.drafted.len();
             }
         }
         // Prompt chunks, oldest request first. A prompt that takes more than one chunk to read is
         // paced while others generate (`llmr_sampling::Pacer`); a shorter one joins whole, as
         // before.
-        let decoding = n as usize;
-        let chunk = self.step.prefill_chunk as usize;
-        let mut budget = chunk;
         let mut paced = self.pacer.budget(decoding, chunk, self.step.prefill_stall);
         let mut order: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].active.as_ref().is_some_and(|a| a.next_prompt < a.job.tokens.len()))
@@ -469,7 +535,11 @@ impl<'m> Scheduler<'m> {
         }
         let started = Instant::now();
         match self.ctx.decode(&mut self.batch) {
-            Ok(()) => self.pacer.record(decoding, prompt, started.elapsed().as_nanos() as u64),
+            Ok(()) => {
+                let ns = started.elapsed().as_nanos() as u64;
+                self.pacer.record(decoding, prompt, ns);
+                self.cost.record(decoding + prompt, ns);
+            }
             Err(DecodeError::NoKvCacheSlot) => {
                 self.rollback(&before);
                 self.make_room();
@@ -506,6 +576,7 @@ impl<'m> Scheduler<'m> {
             if let Some(a) = slot.active.as_mut() {
                 a.next_prompt = snap.next_prompt;
                 a.pending = snap.pending;
+                a.drafted.clear();
                 a.batch_idx = None;
             }
         }
@@ -526,14 +597,55 @@ impl<'m> Scheduler<'m> {
         }
     }
 
+    /// Samples the slot's next token from output `idx`, then, while it equals the next draft
+    /// token, the token after it from that draft token's output; the first token that differs (or
+    /// the one after a wholly taken draft) becomes the pending token, and the drafts not taken
+    /// leave the cache.
     fn sample_slot(&mut self, i: usize, idx: i32) {
+        let slot = &mut self.slots[i];
+        let a = slot.active.as_mut().expect("sampled slots are active");
+        let drafted = std::mem::take(&mut a.drafted);
+        // Tokens in the cache up to and including the one `idx` belongs to.
+        let base = slot.cached.len() - drafted.len();
+        let mut kept = 0;
+        let end = loop {
+            match self.draw(i, idx + kept as i32, base + kept) {
+                Drawn::Next(t) if drafted.get(kept) == Some(&t) => kept += 1,
+                other => break other,
+            }
+        };
+        if !drafted.is_empty() {
+            self.stats.draft_tokens_total.fetch_add(drafted.len() as u64, Ordering::Relaxed);
+            self.stats.draft_accepted_total.fetch_add(kept as u64, Ordering::Relaxed);
+            let slot = &mut self.slots[i];
+            if let Some(a) = slot.active.as_mut() {
+                a.spec.record(drafted.len(), kept);
+            }
+            let keep = base + kept;
+            if slot.cached.len() > keep {
+                if let Err(e) = self.ctx.kv_cache_seq_rm(slot.seq, Some(keep as u32), None) {
+                    return self.fail(i, EngineError::internal(format!("dropping rejected draft tokens failed: {e}")));
+                }
+                slot.cached.truncate(keep);
+            }
+        }
+        match end {
+            Drawn::Next(token) => self.slots[i].active.as_mut().expect("still running").pending = Some(token),
+            Drawn::Finish(reason) => self.finish(i, reason),
+            Drawn::Failed(e) => self.fail(i, e),
+        }
+    }
+
+    /// Draws one token from output `idx`, `in_cache` tokens of the sequence being in the cache
+    /// before it, and sends it to the requester.
+    fn draw(&mut self, i: usize, idx: i32, in_cache: usize) -> Drawn {
         let vocab = self.model.vocab();
         let ctx_per_seq = self.settings.ctx_per_seq as usize;
         let slot = &mut self.slots[i];
         let a = slot.active.as_mut().expect("sampled slots are active");
-        let token = match a.sampler.sample(&self.ctx, idx, &slot.cached) {
+        let token = match a.sampler.sample(&self.ctx, idx, &slot.cached[..in_cache]) {
             Ok(token) => token,
-            Err(e) => return self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}"))),
+            Err(e) => return Drawn::Failed(EngineError::internal(format!("constrained decoding failed: {e}"))),
         };
         if let Some(spent) = a.sampler.take_mask_time() {
             self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
@@ -570,7 +682,7 @@ impl<'m> Scheduler<'m> {
             text.push_str(a.stops.push(&decoded));
             if a.stops.stopped() {
                 finish = Some(FinishReason::Stop);
-            } else if a.generated >= a.job.max_tokens || slot.cached.len() + 1 >= ctx_per_seq {
+            } else if a.generated >= a.job.max_tokens || in_cache + 1 >= ctx_per_seq {
                 finish = Some(FinishReason::Length);
             }
         }
@@ -584,9 +696,9 @@ impl<'m> Scheduler<'m> {
         let event = TokenEvent { id: token.0, text, logprob, top, t_ns: clock_ns() };
         let delivered = a.job.events.send(Event::Token(event)).is_ok();
         match finish {
-            Some(reason) => self.finish(i, reason),
-            None if !delivered => self.finish(i, FinishReason::Cancelled),
-            None => a.pending = Some(token),
+            Some(reason) => Drawn::Finish(reason),
+            None if !delivered => Drawn::Finish(FinishReason::Cancelled),
+            None => Drawn::Next(token),
         }
     }
 

@@ -27,6 +27,12 @@ pub struct StepSettings {
     /// Host memory for saved prefixes (`llmr_sampling::PrefixStore`), in MiB; 0 keeps idle
     /// caches in the KV cache instead.
     pub prefix_cache_mib: u32,
+    /// Prompt-lookup speculation (`llmr_sampling::Speculator`): most draft tokens per sequence
+    /// and step, 0 off.
+    pub draft_max: u32,
+    /// The chance of being kept a draft token needs; `None`: what one more token costs the step,
+    /// as measured (`llmr_sampling::StepCost`).
+    pub draft_threshold: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +104,8 @@ pub enum Change {
     PrefillChunk(u32),
     PrefillStall(f64),
     PrefixCacheMib(u32),
+    DraftMax(u32),
+    DraftThreshold(Option<f64>),
 }
 
 fn unsupported(msg: String) -> EngineError {
@@ -121,8 +129,10 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
             .ok_or_else(|| unsupported(format!("`prefill_chunk` takes an integer from 1 to 65536, got {value}"))),
         "prefill_stall" => parse_stall(value).map(Change::PrefillStall),
         "prefix_cache_mib" => parse_prefix_cache_mib(value).map(Change::PrefixCacheMib),
+        "speculative_draft_max" => parse_draft_max(value).map(Change::DraftMax),
+        "speculative_threshold" => parse_draft_threshold(value).map(Change::DraftThreshold),
         _ => Err(unsupported(format!(
-            "unknown setting `{key}` (known: kv_cache_type, kv_policy, threads, prefill_chunk, prefill_stall, prefix_cache_mib)"
+            "unknown setting `{key}` (known: kv_cache_type, kv_policy, threads, prefill_chunk, prefill_stall, prefix_cache_mib, speculative_draft_max, speculative_threshold)"
         ))),
     }
 }
@@ -148,6 +158,26 @@ pub fn parse_prefix_cache_mib(value: &serde_json::Value) -> Result<u32, EngineEr
         .ok_or_else(|| unsupported(format!("`prefix_cache_mib` takes an integer from 0 to 1048576, got {value}")))
 }
 
+/// `speculative_draft_max`: 0 (off) to 32 draft tokens per sequence and step.
+pub fn parse_draft_max(value: &serde_json::Value) -> Result<u32, EngineError> {
+    value
+        .as_u64()
+        .filter(|&v| v <= 32)
+        .map(|v| v as u32)
+        .ok_or_else(|| unsupported(format!("`speculative_draft_max` takes an integer from 0 (off) to 32, got {value}")))
+}
+
+/// `speculative_threshold`: a chance from 0 (draft as deep as `speculative_draft_max` whenever
+/// the text matches) to 1 (never), or `"auto"`: what one more token costs, measured.
+pub fn parse_draft_threshold(value: &serde_json::Value) -> Result<Option<f64>, EngineError> {
+    if value.as_str() == Some("auto") {
+        return Ok(None);
+    }
+    value.as_f64().filter(|v| (0.0..=1.0).contains(v)).map(Some).ok_or_else(|| {
+        unsupported(format!("`speculative_threshold` takes a number from 0 to 1 or \"auto\", got {value}"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +190,22 @@ mod tests {
         for bad in [json!(0.5), json!("fast"), json!(null)] {
             let e = parse_change("prefill_stall", &bad).unwrap_err();
             assert!(e.message.contains("prefill_stall"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn speculation_settings_take_their_ranges() {
+        assert_eq!(parse_change("speculative_draft_max", &json!(0)).unwrap(), Change::DraftMax(0));
+        assert_eq!(parse_change("speculative_draft_max", &json!(16)).unwrap(), Change::DraftMax(16));
+        for bad in [json!(33), json!(-1), json!("on"), json!(2.5)] {
+            let e = parse_change("speculative_draft_max", &bad).unwrap_err();
+            assert!(e.message.contains("speculative_draft_max"), "{}", e.message);
+        }
+        assert_eq!(parse_change("speculative_threshold", &json!("auto")).unwrap(), Change::DraftThreshold(None));
+        assert_eq!(parse_change("speculative_threshold", &json!(0.25)).unwrap(), Change::DraftThreshold(Some(0.25)));
+        for bad in [json!(1.5), json!(-0.1), json!("always")] {
+            let e = parse_change("speculative_threshold", &bad).unwrap_err();
+            assert!(e.message.contains("speculative_threshold"), "{}", e.message);
         }
     }
 

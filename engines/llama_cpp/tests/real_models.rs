@@ -291,9 +291,11 @@ fn a_repeated_prefix_is_served_from_the_cache() {
     let first = format!("{system}<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
     let second = format!("{system}<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n");
     let engine = private_engine(2);
-    // Small chunks, so the decode steps show how many prompt tokens were computed.
+    // Small chunks, so the decode steps show how many prompt tokens were computed; one token per
+    // step after the prompt (drafts would take several: the system prompt repeats itself).
     const CHUNK: u32 = 16;
     engine.set_config(Some("smollm2"), "prefill_chunk", &serde_json::json!(CHUNK)).unwrap();
+    engine.set_config(Some("smollm2"), "speculative_draft_max", &serde_json::json!(0)).unwrap();
     let steps0 = decode_steps(&engine, "smollm2");
     let (_, _, a) = generate_on(&engine, &greedy(40, &first, 8));
     let steps1 = decode_steps(&engine, "smollm2");
@@ -313,6 +315,95 @@ fn a_repeated_prefix_is_served_from_the_cache() {
     assert_eq!(fresh_res.cached_tokens, 0);
     let head = |t: &str| t.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
     assert_eq!(head(&text), head(&fresh), "reused {text:?} vs fresh {fresh:?}");
+}
+
+/// One generation with two alternatives per token: its token ids, its text, and per token the
+/// gap between the two likeliest logprobs and whether the chosen token was the likeliest.
+fn ids_on(engine: &EngineInstance, params: &InferParams<'_>) -> (Vec<i32>, String, Vec<f32>, Vec<bool>) {
+    let (mut ids, mut text, mut gaps, mut argmax) = (Vec::new(), String::new(), Vec::new(), Vec::new());
+    engine
+        .infer(params, |t| {
+            ids.push(t.token_id);
+            text.push_str(&t.text);
+            gaps.push(match &t.top[..] {
+                [a, b, ..] => a.logprob - b.logprob,
+                _ => f32::INFINITY,
+            });
+            argmax.push(t.top.first().is_some_and(|a| a.token_id == t.token_id));
+            true
+        })
+        .unwrap();
+    (ids, text, gaps, argmax)
+}
+
+/// Prompt lookup drafts from the prompt when the answer copies it; the sampler keeps a draft token
+/// only when it drew that token itself, so the output is the same token for token with
+/// speculation on and off, greedy or sampled with a seed, and a copying answer takes fewer
+/// decode steps than tokens.
+///
+/// llama.cpp's logits move slightly with the shape of the batch (a draft step computes several
+/// positions at once), so where the two likeliest tokens are nearly tied the runs may part; they
+/// must agree up to such a point, and the greedy run must be the argmax of its own logits at every
+/// token.
+#[test]
+fn speculation_keeps_the_output_and_saves_steps_when_the_answer_copies_the_prompt() {
+    let passage = "The quick brown fox jumps over the lazy dog. It was the best of times, it was the worst of \
+                   times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief.";
+    let prompt =
+        format!("<|im_start|>user\nRepeat this text word for word: {passage}<|im_end|>\n<|im_start|>assistant\n");
+    let engine = private_engine(2);
+    // Draft as deep as allowed whenever the text matches, whatever a token costs on this machine.
+    engine.set_config(Some("smollm2"), "speculative_threshold", &serde_json::json!(0.0)).unwrap();
+    let stats = |e: &EngineInstance| {
+        let m = model_stats(e, "smollm2");
+        let n = |k: &str| m[k].as_u64().unwrap();
+        (n("decode_steps_total"), n("draft_tokens_total"), n("draft_accepted_total"))
+    };
+    /// Logprob gap under which batch-shape noise may swap the two likeliest tokens.
+    const NEAR_TIE: f32 = 0.3;
+    for (i, sampling) in [
+        Sampling { max_tokens: Some(48), ..Sampling::greedy() },
+        Sampling { max_tokens: Some(48), temperature: 0.7, seed: Some(7), ..Sampling::default() },
+        Sampling { max_tokens: Some(48), temperature: 1.0, top_k: Some(40), seed: Some(3), ..Sampling::default() },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sampling = Sampling { logprobs: Some(2), ..sampling };
+        let off = Sampling { speculative: false, ..sampling.clone() };
+        let before = stats(&engine);
+        let (plain, plain_text, plain_gaps, _) =
+            ids_on(&engine, &InferParams::new(100 + i as u64, "smollm2", &prompt, off));
+        let between = stats(&engine);
+        assert_eq!(between.1, before.1, "speculative: false drafts nothing");
+        assert_eq!(between.0 - before.0, plain.len() as u64, "one step per token without drafts");
+        let (fast, fast_text, fast_gaps, fast_argmax) =
+            ids_on(&engine, &InferParams::new(200 + i as u64, "smollm2", &prompt, sampling.clone()));
+        let after = stats(&engine);
+        match plain.iter().zip(&fast).position(|(a, b)| a != b) {
+            None => assert_eq!(fast.len(), plain.len(), "case {i}: {fast_text:?} vs {plain_text:?}"),
+            Some(at) => assert!(
+                at >= 16 && plain_gaps[at].min(fast_gaps[at]) < NEAR_TIE,
+                "case {i}: parted at token {at} (gap {} / {}): {fast_text:?} vs {plain_text:?}",
+                plain_gaps[at],
+                fast_gaps[at]
+            ),
+        }
+        if sampling.temperature == 0.0 {
+            assert!(fast_argmax.iter().all(|&a| a), "case {i}: every greedy token is its logits' argmax");
+        }
+        let (steps, drafted, accepted) = (after.0 - between.0, after.1 - between.1, after.2 - between.2);
+        assert!(accepted > 0 && accepted <= drafted, "case {i}: {accepted} of {drafted} drafts kept");
+        assert_eq!(steps + accepted, fast.len() as u64, "case {i}: each step gives one token plus the drafts it kept");
+        if i == 0 {
+            assert!(plain_text.contains("best of times"), "the greedy answer copies the passage: {plain_text:?}");
+            assert!(
+                steps * 2 <= fast.len() as u64,
+                "a copied answer takes at most half the steps: {steps} for {}",
+                fast.len()
+            );
+        }
+    }
 }
 
 /// A prefix held by a busy slot serves a request that lands on the other slot: copied with the
