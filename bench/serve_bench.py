@@ -134,6 +134,10 @@ class Sizes:
     probe_n: int = 3             # normal requests before and after the storm
     probe_prompt: int = 100
     probe_max: int = 16
+    grounded_n: int = 6          # sequential requests whose answer copies their prompt
+    grounded_prompt: int = 150
+    grounded_max: int = 160
+    grounded_c: int = 8          # then this many at once
     # --smoke checks the harness, not the speed: no workload may depend on how much a machine does
     # in a given time. Where a measured run counts what happens inside a time window, the smoke
     # run also waits (up to `smoke_wait` seconds) for the events its figures need: every client's
@@ -144,7 +148,8 @@ class Sizes:
 
 SMOKE = Sizes(single_n=2, single_max=16, levels=(1, 4), level_warm=0.5, level_dur={1: 2.0, 4: 2.0},
               level_max=16, shared_n=4, shared_prefix=200, long_short_max=256, long_baseline=1.5,
-              long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2, smoke=True)
+              long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2, grounded_n=2,
+              grounded_prompt=60, grounded_max=24, grounded_c=2, smoke=True)
 
 
 # --- prompts -----------------------------------------------------------------------------------
@@ -197,19 +202,36 @@ class Result:
 
 
 class Client:
-    def __init__(self, session, base, model, temperature):
-        self.session, self.url = session, base + "/v1/chat/completions"
+    def __init__(self, session, base, model, temperature, extra=None):
+        self.session, self.base, self.url = session, base, base + "/v1/chat/completions"
         self.model, self.temperature = model, temperature
+        self.extra = extra or {}               # fields every request carries (llmr's `speculative`)
         self.requests = 0
 
-    async def chat(self, messages, max_tokens, seed, drop_after=None, sink=None):
+    async def draft_counters(self):
+        """llmr's speculative-decoding counters (drafted, kept) from /metrics; None elsewhere."""
+        async with self.session.get(self.base + "/metrics") as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+        got = {}
+        for line in text.splitlines():
+            for key in ("llmr_spec_decode_draft_tokens_total", "llmr_spec_decode_accepted_tokens_total"):
+                if line.startswith(key + "{"):
+                    got[key] = got.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        if len(got) != 2:
+            return None
+        return got["llmr_spec_decode_draft_tokens_total"], got["llmr_spec_decode_accepted_tokens_total"]
+
+    async def chat(self, messages, max_tokens, seed, drop_after=None, sink=None, temperature=None):
         """One streamed chat request; with drop_after, closes the connection after that many chunks.
 
         `sink` gets the Result at once; its `times` fill in as chunks arrive (for streams that
         the caller cancels)."""
         import aiohttp
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, "temperature": self.temperature, "seed": seed}
+                "stream_options": {"include_usage": True},
+                "temperature": self.temperature if temperature is None else temperature, "seed": seed, **self.extra}
         self.requests += 1
         res = Result(time.perf_counter(), [], None, 0.0)
         if sink:
@@ -490,7 +512,44 @@ async def w_storm(cl, corpus, sz):
     }
 
 
-WORKLOADS = [("single", w_single), ("levels", w_levels), ("shared", w_shared), ("long", w_long), ("storm", w_storm)]
+def grounded_prompt(corpus, sz, key):
+    return user("Copy the following passage of Hamlet exactly, line by line, with no comment:\n\n"
+                + corpus.passage(sz.grounded_prompt, key))
+
+
+async def w_grounded(cl, corpus, sz):
+    """Answers grounded in their input (what prompt-lookup speculation is for: edits, quotes,
+    summaries that reuse the source's words): the model copies a passage it was given, greedy, one
+    user after another and then `grounded_c` at once. Decode rates as in `single` and `levels`;
+    llmr's draft counters give the share of draft tokens kept."""
+    before = await cl.draft_counters()
+    rs = []
+    for i in range(sz.grounded_n):
+        k = f"grounded-{i}"
+        rs.append(await cl.chat(grounded_prompt(corpus, sz, k), sz.grounded_max, seed_of(k), temperature=0.0))
+    decode = [(r.tokens - 1) / (r.times[-1] - r.times[0]) for r in rs if r.tokens > 1 and r.times[-1] > r.times[0]]
+    many = await asyncio.gather(*[cl.chat(grounded_prompt(corpus, sz, f"grounded-c-{j}"), sz.grounded_max,
+                                          seed_of(f"grounded-c-{j}"), temperature=0.0)
+                                  for j in range(sz.grounded_c)])
+    # From the last first token to the last token: every stream decoding (llama-batched-bench's
+    # window); chunks scaled to tokens as in `levels`.
+    w0, w1 = max(r.times[0] for r in many), max(r.times[-1] for r in many)
+    per_chunk = sum(r.tokens for r in many) / sum(len(r.times) for r in many)
+    together = sum(1 for r in many for t in r.times if t > w0)
+    after = await cl.draft_counters()
+    out = {
+        "grounded.decode": statistics.median(decode) if decode else 0.0,
+        "grounded.c_tok_s": together * per_chunk / (w1 - w0) if w1 > w0 else 0.0,
+        "grounded.out_tokens": statistics.mean(r.tokens for r in rs + many),
+    }
+    if before is not None and after is not None and after[0] > before[0]:
+        out["grounded.acceptance"] = (after[1] - before[1]) / (after[0] - before[0])
+        out["grounded.drafted_per_token"] = (after[0] - before[0]) / sum(r.tokens for r in rs + many)
+    return out
+
+
+WORKLOADS = [("single", w_single), ("levels", w_levels), ("shared", w_shared), ("long", w_long), ("storm", w_storm),
+             ("grounded", w_grounded)]
 
 
 # --- servers -----------------------------------------------------------------------------------
@@ -515,6 +574,7 @@ def server_command(kind, a, exe, model_path, alias, port):
                 "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots),
                 "--no-kv-unified" if separate_streams(a.slots, a.ctx) else "--kv-unified", "-a", alias]
     isolation = ["--engine-isolation", "in-process"] if kind == "llmr-in-process" else []
+    # llmr-no-spec is the same server; its client turns speculation off in every request.
     return [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--engines-dir", str(REPO / "engines"),
             "--threads", str(a.threads), "--slots", str(a.slots), "--ctx-size", str(a.ctx), "--cache-mib", "0",
             "--queue-limit", str(max(64, 2 * a.slots + a.storm_n)), "--model", f"{alias}={model_path}", *isolation]
@@ -625,7 +685,8 @@ async def run_server(kind, a, exe, model_path, alias, corpus, sz, logdir):
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
             figures["startup_s"] = await srv.wait_ready(session, alias, 180)
             log(f"{alias}/{kind}: ready {figures['startup_s']:.1f} s after start")
-            cl = Client(session, f"http://127.0.0.1:{port}", alias, a.temperature)
+            extra = {"speculative": False} if kind == "llmr-no-spec" else None
+            cl = Client(session, f"http://127.0.0.1:{port}", alias, a.temperature, extra)
             for i in range(2):                                  # warm-up, not measured
                 await cl.chat(user(corpus.passage(50, f"warm-{i}")), 8, seed_of(f"warm-{i}"))
             log(f"{alias}/{kind}: warmed up")
@@ -689,6 +750,10 @@ def rows(levels):
           ("cancel storm: TTFT right after (ms)", "storm.ttft_after", LOWER),
           ("cancel storm: after / before (x)", "storm.ratio", LOWER),
           ("cancel storm: storm duration (s)", "storm.seconds", LOWER),
+          ("input-grounded, greedy: single-user decode (tok/s)", "grounded.decode", HIGHER),
+          ("input-grounded, greedy: decode at c=8 (tok/s)", "grounded.c_tok_s", HIGHER),
+          ("info: input-grounded draft tokens kept / fed", "grounded.acceptance", INFO),
+          ("info: input-grounded draft tokens fed per output token", "grounded.drafted_per_token", INFO),
           ("info: start to first answer (s)", "startup_s", LOWER),
           ("info: prompt tokens single / shared / long", ("single.prompt_tokens", "shared.prompt_tokens",
                                                             "long.prompt_tokens"), INFO),
@@ -728,37 +793,58 @@ def table(ref, ours, levels, ref_name="llama-server"):
 
 
 def goals(ref, ours, levels, ref_name="llama-server"):
+    """The goals each comparison has; a figure a run did not produce (`--workloads`) is left out."""
     g = []
 
     def add(name, target, value, ok, refv=None):
         g.append(f"| {name} | {target} | {fmt(value)} | {fmt(refv)} | {'yes' if ok else '**no**'} |")
 
+    def ratio(name, key, target, ok):
+        if ours.get(key) and ref.get(key):
+            v = ours[key] / ref[key]
+            add(name, target, v, ok(v))
+
+    def own(name, key, target, ok):
+        if key in ours:
+            add(name, target, ours[key], ok(ours[key]), ref.get(key))
+
+    def done(ref_label):
+        return "\n".join([f"| goal | target | llmr | {ref_label} | met |", "|---|---|---:|---:|---|"] + g)
+
+    at_least = lambda x: lambda v: v >= x        # noqa: E731
+    at_most = lambda x: lambda v: v <= x         # noqa: E731
+    big = [c for c in (8, 16) if c in levels]
+    if ref_name == "llmr-no-spec":
+        # Issue 17: speculation pays where answers reuse their input, and costs nothing elsewhere.
+        ratio("single-user decode tok/s (free text), with / without speculation", "single.decode", ">= 0.97",
+              at_least(0.97))
+        for c in big:
+            ratio(f"aggregate tok/s at c={c} (free text), with / without", f"c{c}.tok_s", ">= 0.97", at_least(0.97))
+        ratio("input-grounded single-user decode, with / without", "grounded.decode", "> 1", lambda v: v > 1)
+        ratio("input-grounded decode at c=8, with / without", "grounded.c_tok_s", ">= 1", at_least(1))
+        return done(ref_name)
     if ref_name == "llmr-in-process":
         # Issue 16: engine worker processes cost at most 3% of decode speed and TTFT.
-        v = ours["single.decode"] / ref["single.decode"]
-        add("single-user decode tok/s, worker / in process", ">= 0.97", v, v >= 0.97)
-        v = ours["single.ttft_p50"] / ref["single.ttft_p50"]
-        add("single-user TTFT p50, worker / in process", "<= 1.03", v, v <= 1.03)
-        for c in (8, 16):
-            if c in levels:
-                v = ours[f"c{c}.tok_s"] / ref[f"c{c}.tok_s"]
-                add(f"aggregate tok/s at c={c}, worker / in process", ">= 0.97", v, v >= 0.97)
-        return "\n".join([f"| goal | target | llmr | {ref_name} | met |", "|---|---|---:|---:|---|"] + g)
-
-    for c in (8, 16):
-        if c in levels:
-            v = ours[f"c{c}.tok_s"] / ref[f"c{c}.tok_s"]
-            add(f"aggregate tok/s at c={c}, llmr / llama-server", ">= 1.15", v, v >= 1.15)
-    v = ours["single.ttft_p50"] / ref["single.ttft_p50"]
-    add("single-user TTFT p50, llmr / llama-server", "<= 1.0", v, v <= 1.0)
-    add("shared 1,000-token prefix: TTFT first / rest", ">= 5", ours["shared.speedup"], ours["shared.speedup"] >= 5,
-        ref["shared.speedup"])
-    add("inter-token p99 during a long prefill / without", "<= 1.5", ours["long.itl_ratio"],
-        ours["long.itl_ratio"] <= 1.5, ref["long.itl_ratio"])
-    return "\n".join(["| goal | target | llmr | llama-server | met |", "|---|---|---:|---:|---|"] + g)
+        ratio("single-user decode tok/s, worker / in process", "single.decode", ">= 0.97", at_least(0.97))
+        ratio("single-user TTFT p50, worker / in process", "single.ttft_p50", "<= 1.03", at_most(1.03))
+        for c in big:
+            ratio(f"aggregate tok/s at c={c}, worker / in process", f"c{c}.tok_s", ">= 0.97", at_least(0.97))
+        return done(ref_name)
+    for c in big:
+        ratio(f"aggregate tok/s at c={c}, llmr / llama-server", f"c{c}.tok_s", ">= 1.15", at_least(1.15))
+    ratio("single-user TTFT p50, llmr / llama-server", "single.ttft_p50", "<= 1.0", at_most(1.0))
+    own("shared 1,000-token prefix: TTFT first / rest", "shared.speedup", ">= 5", at_least(5))
+    own("inter-token p99 during a long prefill / without", "long.itl_ratio", "<= 1.5", at_most(1.5))
+    ratio("input-grounded single-user decode, llmr / llama-server", "grounded.decode", "report", lambda v: v > 1)
+    ratio("input-grounded decode at c=8, llmr / llama-server", "grounded.c_tok_s", "report", lambda v: v > 1)
+    return done("llama-server")
 
 
 # --- smoke check ---------------------------------------------------------------------------------
+
+# Figures only a server that speculates has, and only when it drafted something.
+OPTIONAL_FIGURES = {"grounded.acceptance", "grounded.drafted_per_token"}
+
 
 def smoke_failures(results, failures, names, servers, workloads, levels):
     """What a smoke run must have produced: figures from every server and workload asked for, each a
@@ -778,7 +864,7 @@ def smoke_failures(results, failures, names, servers, workloads, levels):
                 workload = key.split(".", 1)[0] if "." in key else None
                 if workload and workload.startswith("c") and workload[1:].isdigit():
                     workload = "levels"
-                if workload and workload not in workloads:
+                if (workload and workload not in workloads) or key in OPTIONAL_FIGURES:
                     continue
                 v = fig.get(key)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -853,9 +939,10 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="skip cargo build / install-engines / fetch-models")
     ap.add_argument("--llmr-bin", default=None,
                     help="the llmr binary (default: the release build, built first); scripts/test passes its debug build")
-    ap.add_argument("--reference", default="llama-server", choices=["llama-server", "llmr-in-process"],
-                    help="what llmr (plugins in engine worker processes) is compared with: llama-server, or llmr "
-                         "with its plugins in its own process (--engine-isolation in-process)")
+    ap.add_argument("--reference", default="llama-server", choices=["llama-server", "llmr-in-process", "llmr-no-spec"],
+                    help="what llmr (plugins in engine worker processes) is compared with: llama-server, llmr "
+                         "with its plugins in its own process (--engine-isolation in-process), or llmr with "
+                         "speculative decoding off in every request (`speculative: false`)")
     ap.add_argument("--servers", default=None, help="for development: run only some servers")
     ap.add_argument("--workloads", default=",".join(n for n, _ in WORKLOADS),
                     help="for development: run only some workloads (their figures are logged)")
@@ -900,7 +987,7 @@ def main():
     ref = dict(l.split("=", 1) for l in sh([str(REPO / "bench/reference/build.sh")]).splitlines() if "=" in l)
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     exes = {"llama-server": ref["llama-server"], "llmr": a.llmr_bin or str(target / "release/llmr")}
-    exes["llmr-in-process"] = exes["llmr"]
+    exes["llmr-in-process"] = exes["llmr-no-spec"] = exes["llmr"]
     a.servers = a.servers or f"{a.reference},llmr"
     for k, v in exes.items():
         if not Path(v).is_file():
@@ -952,8 +1039,10 @@ def main():
     separate = separate_streams(a.slots, a.ctx)
     parts = [f"\n### {datetime.date.today()} · commit {commit}{dirty} · {cpu}, {os.cpu_count()} cores\n",
              f"Command: `{cmd}` ({elapsed / 60:.1f} min). Reference: "
-             + (f"llama-server {ref.get('version', '?')} (bench/reference/build.sh)" if a.reference == "llama-server"
-                else "the same llmr with its plugins in its own process (`--engine-isolation in-process`)")
+             + {"llama-server": f"llama-server {ref.get('version', '?')} (bench/reference/build.sh)",
+                "llmr-in-process": "the same llmr with its plugins in its own process (`--engine-isolation in-process`)",
+                "llmr-no-spec": "the same llmr with speculative decoding off in every request (`speculative: false`)",
+                }[a.reference]
              + f"; llmr: release build of this commit, each model in an engine worker process. "
              f"Both servers: {a.threads} threads, "
              f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells "
