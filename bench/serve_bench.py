@@ -16,6 +16,10 @@ aiohttp, streaming, fixed seeds) drives both through the same workloads:
               inter-token p99 of the short streams without / during the prefill
   storm       50 streams opened at once and dropped after 3 tokens each, then normal requests:
               TTFT after the storm against TTFT before it
+  grounded    answers that copy a passage of their prompt (greedy), one user then 8 at once:
+              decode tok/s, and for llmr the share of speculative draft tokens kept
+  multiturn   one chat of 10 turns over a ~700-token passage, each turn sending the whole
+              conversation so far with the server's own answers: TTFT of turn 1 and of turns 2-10
 
 It prints one table per model with both servers and the ratio llmr / llama-server per figure, and
 the goals of the serving issue. Every request is bounded (max_tokens, client timeouts) and every
@@ -25,6 +29,8 @@ workload is bounded in count and time.
   bench/serve_bench.py --smoke          # a few requests per workload, both servers, SmolLM2 only
   bench/serve_bench.py --reference llmr-in-process   # llmr against itself with plugins in its own
                                         # process: what engine worker processes cost (issue 16)
+  bench/serve_bench.py --reference llmr-no-spec      # llmr against itself with speculative
+                                        # decoding off in every request (issue 17)
 
 --write appends the table to bench/RESULTS.md with the date, commit, machine and command.
 --smoke checks the harness (exit 1 on any failure: an HTTP error, a stream without tokens, missing
@@ -138,6 +144,9 @@ class Sizes:
     grounded_prompt: int = 150
     grounded_max: int = 160
     grounded_c: int = 8          # then this many at once
+    turns: int = 10              # one conversation
+    turn_passage: int = 700      # tokens of the passage in its first message
+    turn_max: int = 48
     # --smoke checks the harness, not the speed: no workload may depend on how much a machine does
     # in a given time. Where a measured run counts what happens inside a time window, the smoke
     # run also waits (up to `smoke_wait` seconds) for the events its figures need: every client's
@@ -149,7 +158,8 @@ class Sizes:
 SMOKE = Sizes(single_n=2, single_max=16, levels=(1, 4), level_warm=0.5, level_dur={1: 2.0, 4: 2.0},
               level_max=16, shared_n=4, shared_prefix=200, long_short_max=256, long_baseline=1.5,
               long_lead=0.5, long_prompt=400, storm_n=8, storm_max=64, probe_n=2, grounded_n=2,
-              grounded_prompt=60, grounded_max=24, grounded_c=2, smoke=True)
+              grounded_prompt=60, grounded_max=24, grounded_c=2, turns=3, turn_passage=150, turn_max=12,
+              smoke=True)
 
 
 # --- prompts -----------------------------------------------------------------------------------
@@ -188,6 +198,7 @@ class Result:
     usage: dict | None
     end: float
     dropped: bool = False
+    text: str = ""         # the content, as streamed
 
     @property
     def ttft(self):
@@ -257,6 +268,7 @@ class Client:
                     for ch in obj.get("choices") or []:
                         if (ch.get("delta") or {}).get("content"):
                             times.append(now)
+                            res.text += ch["delta"]["content"]
                     if drop_after and len(times) >= drop_after:
                         resp.close()                      # the client goes away mid-stream
                         res.end, res.dropped = time.perf_counter(), True
@@ -548,8 +560,35 @@ async def w_grounded(cl, corpus, sz):
     return out
 
 
+QUESTIONS = ["Who speaks first in this passage?", "What is the mood of the scene?", "Name one image the speaker uses.",
+             "Which line matters most, and why?", "What happens just before this passage?", "Who is addressed?",
+             "Summarise the passage in one sentence.", "What would an actor stress here?", "Give the passage a title."]
+
+
+async def w_multiturn(cl, corpus, sz):
+    """One chat of `turns` turns, greedy: the first message carries a passage, each later turn
+    sends the whole conversation so far (with this server's own answers, as a chat client does)
+    plus a short question. A server that keeps the conversation's cache reads only the new
+    tokens; one that lost it (a sliding-window model without checkpoints) reads it all again."""
+    messages = [{"role": "user", "content": "Read this passage of Hamlet and answer my questions briefly.\n\n"
+                 + corpus.passage(sz.turn_passage, "multiturn")}]
+    ttfts, prompt = [], 0
+    for t in range(sz.turns):
+        if t > 0:
+            messages.append({"role": "user", "content": QUESTIONS[(t - 1) % len(QUESTIONS)]})
+        r = await cl.chat(messages, sz.turn_max, seed_of(f"multiturn-{t}"), temperature=0.0)
+        ttfts.append(r.ttft)
+        prompt = r.usage["prompt_tokens"]
+        messages.append({"role": "assistant", "content": r.text})
+    return {
+        "multiturn.ttft_first": ttfts[0] * 1e3,
+        "multiturn.ttft_rest": statistics.median(ttfts[1:]) * 1e3,
+        "multiturn.prompt_tokens_last": prompt,
+    }
+
+
 WORKLOADS = [("single", w_single), ("levels", w_levels), ("shared", w_shared), ("long", w_long), ("storm", w_storm),
-             ("grounded", w_grounded)]
+             ("grounded", w_grounded), ("multiturn", w_multiturn)]
 
 
 # --- servers -----------------------------------------------------------------------------------
@@ -752,6 +791,9 @@ def rows(levels):
           ("cancel storm: storm duration (s)", "storm.seconds", LOWER),
           ("input-grounded, greedy: single-user decode (tok/s)", "grounded.decode", HIGHER),
           ("input-grounded, greedy: decode at c=8 (tok/s)", "grounded.c_tok_s", HIGHER),
+          ("multi-turn chat: TTFT turn 1 (ms)", "multiturn.ttft_first", LOWER),
+          ("multi-turn chat: TTFT turns 2-10 p50 (ms)", "multiturn.ttft_rest", LOWER),
+          ("info: multi-turn chat: prompt tokens of the last turn", "multiturn.prompt_tokens_last", INFO),
           ("info: input-grounded draft tokens kept / fed", "grounded.acceptance", INFO),
           ("info: input-grounded draft tokens fed per output token", "grounded.drafted_per_token", INFO),
           ("info: start to first answer (s)", "startup_s", LOWER),
@@ -837,6 +879,7 @@ def goals(ref, ours, levels, ref_name="llama-server"):
     own("inter-token p99 during a long prefill / without", "long.itl_ratio", "<= 1.5", at_most(1.5))
     ratio("input-grounded single-user decode, llmr / llama-server", "grounded.decode", "report", lambda v: v > 1)
     ratio("input-grounded decode at c=8, llmr / llama-server", "grounded.c_tok_s", "report", lambda v: v > 1)
+    ratio("multi-turn chat: TTFT turns 2-10, llmr / llama-server", "multiturn.ttft_rest", "<= 0.5", at_most(0.5))
     return done("llama-server")
 
 

@@ -55,6 +55,10 @@ struct Args {
     /// `kv_budget_mib`).
     #[arg(long)]
     load_options: Option<String>,
+    /// Settings applied to the model before the tests, `key=json` (set_config), e.g.
+    /// `speculative_threshold=1` to keep speculation on but never worth a draft.
+    #[arg(long = "set")]
+    settings: Vec<String>,
     /// Drive the plugin in an engine worker process started from this program (`llmr` with
     /// `--worker-arg engine-worker`, or `llmr-engine-worker`), as `llmr serve` does, instead of
     /// in this process: what crash isolation costs.
@@ -380,6 +384,11 @@ fn main() -> Result<()> {
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
         "threads": args.threads, "reps": args.reps, "in_worker_process": args.worker.is_some(),
     });
+    for setting in &args.settings {
+        let (key, value) = setting.split_once('=').context("--set takes key=json")?;
+        let value: serde_json::Value = serde_json::from_str(value).with_context(|| format!("--set {key}: not JSON"))?;
+        engine.set_config(key, &value)?;
+    }
     let want = |t: &str| args.tests.iter().any(|x| x == t);
     if want("pp") {
         out["pp"] = run_pp(&engine, &args)?;
