@@ -103,7 +103,9 @@ def test_a_streamed_response_is_typed_and_stored(api, oai):
     stored = oai.responses.retrieve(final["id"])
     assert stored.output_text == deltas and stored.status == final["status"]
 
-    with oai.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=20) as stream:
+    # Greedy and with room: the SDK's final response needs `response.completed`, and a sampled
+    # greeting once ran past 20 tokens (`response.incomplete`) in a CI rehearsal.
+    with oai.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=80, temperature=0.0) as stream:
         texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
         done = stream.get_final_response()
     assert "".join(texts) == done.output_text
