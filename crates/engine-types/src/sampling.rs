@@ -25,7 +25,8 @@ pub struct Sampling {
     /// `Some`: the output must belong to this grammar (structured output, forced tool calls).
     pub constraint: Option<Constraint>,
     /// Whether an engine that drafts tokens (speculative decoding) may do so for this request;
-    /// the output is the same either way, `false` only keeps one token per step.
+    /// the output follows the same distribution either way (greedy: the argmax at every token),
+    /// `false` only keeps one token per step.
     #[serde(default = "yes")]
     pub speculative: bool,
 }

@@ -35,7 +35,7 @@ pub struct SamplingWire {
     pub seed: Option<i64>,
     pub stop: Option<StopWire>,
     /// llmr's: `false` turns speculative decoding off for this request (on by default where the
-    /// engine has it; the output is the same either way).
+    /// engine has it; the output follows the same distribution either way).
     pub speculative: Option<bool>,
 }
 
