@@ -193,6 +193,14 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>) -> Resu
     Ok(serde_json::json!({ "n_gen": args.tg, "tokens_per_s": median(rates.clone()), "samples": rates }))
 }
 
+/// `run` for every prompt, each on a thread of its own, all at once; the results in prompt order.
+fn each_at_once<R: Send>(prompts: &[String], run: impl Fn(&str) -> Result<R> + Sync) -> Result<Vec<R>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = prompts.iter().map(|prompt| s.spawn(|| run(prompt))).collect();
+        handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+    })
+}
+
 /// `n` sequences at once; decode rate = tokens after each sequence's first, over the window from
 /// the first sequence's first token to the last token of all (llama-batched-bench's S_TG).
 fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
@@ -206,29 +214,20 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
     let mut ended_early = 0;
     for rep in 0..args.reps.min(3) + 1 {
         let start = Instant::now();
-        let results: Vec<Result<(Vec<u64>, u32)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = prompts
-                .iter()
-                .map(|prompt| {
-                    s.spawn(move || -> Result<(Vec<u64>, u32)> {
-                        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
-                        p.sampling.max_tokens = Some(args.ntg);
-                        p.sampling.constraint = constraint.cloned();
-                        p.sampling.speculative = false;
-                        p.ignore_eos = true;
-                        let mut times = Vec::with_capacity(args.ntg as usize);
-                        let r = engine.infer(&p, |t| {
-                            times.push(t.timestamp_ns);
-                            true
-                        })?;
-                        Ok((times, r.completion_tokens))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
-        });
+        let results = each_at_once(&prompts, |prompt| {
+            let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+            p.sampling.max_tokens = Some(args.ntg);
+            p.sampling.constraint = constraint.cloned();
+            p.sampling.speculative = false;
+            p.ignore_eos = true;
+            let mut times = Vec::with_capacity(args.ntg as usize);
+            let r = engine.infer(&p, |t| {
+                times.push(t.timestamp_ns);
+                true
+            })?;
+            Ok((times, r.completion_tokens))
+        })?;
         let wall = start.elapsed().as_secs_f64();
-        let results: Vec<(Vec<u64>, u32)> = results.into_iter().collect::<Result<_>>()?;
         let firsts = results.iter().filter_map(|r| r.0.first().copied());
         let (t0, all_started) = (firsts.clone().min().unwrap_or(0), firsts.max().unwrap_or(0));
         let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
@@ -294,28 +293,19 @@ fn run_copy(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
         .map(|i| format!("Copy the text exactly.\n\nText: {}\n\nCopy: ", PASSAGES[i % PASSAGES.len()]))
         .collect();
     let run = |speculative: bool| -> Result<(f64, Vec<Vec<i32>>)> {
-        let results: Vec<Result<(Vec<u64>, Vec<i32>)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = prompts
-                .iter()
-                .map(|prompt| {
-                    s.spawn(move || -> Result<(Vec<u64>, Vec<i32>)> {
-                        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
-                        p.sampling.max_tokens = Some(args.ntg);
-                        p.sampling.speculative = speculative;
-                        p.parse_special = false;
-                        let (mut times, mut ids) = (Vec::new(), Vec::new());
-                        engine.infer(&p, |t| {
-                            times.push(t.timestamp_ns);
-                            ids.push(t.token_id);
-                            true
-                        })?;
-                        Ok((times, ids))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
-        });
-        let results: Vec<(Vec<u64>, Vec<i32>)> = results.into_iter().collect::<Result<_>>()?;
+        let results = each_at_once(&prompts, |prompt| {
+            let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+            p.sampling.max_tokens = Some(args.ntg);
+            p.sampling.speculative = speculative;
+            p.parse_special = false;
+            let (mut times, mut ids) = (Vec::new(), Vec::new());
+            engine.infer(&p, |t| {
+                times.push(t.timestamp_ns);
+                ids.push(t.token_id);
+                true
+            })?;
+            Ok((times, ids))
+        })?;
         let t0 = results.iter().filter_map(|r| r.0.first().copied()).min().unwrap_or(0);
         let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
         let decoded: usize = results.iter().map(|r| r.1.len().saturating_sub(1)).sum();

@@ -8,7 +8,9 @@
 //! each kept token is the one the sampler drew from the model's logits at its position, and a
 //! draft token counts only if the draw equals it (for a fixed draft, accepting a draft token with
 //! probability p(d) and resampling from the rest on a miss is the same as drawing and comparing),
-//! so greedy output is token for token the same and sampled output follows the same distribution.
+//! so from the same logits greedy output is token for token the same and sampled output follows
+//! the same distribution. (An engine whose logits move with the batch's shape, as llama.cpp's do,
+//! may resolve a near tie differently with a draft in the batch.)
 //!
 //! Drafting costs a forward over more tokens, which pays only when drafts are kept and extra
 //! tokens are cheap. [`Speculator`] keeps per sequence how often its draft tokens were kept and
@@ -36,12 +38,6 @@ impl DraftSettings {
 
     pub fn enabled(&self) -> bool {
         self.max > 0
-    }
-}
-
-impl Default for DraftSettings {
-    fn default() -> Self {
-        Self::DEFAULT
     }
 }
 

@@ -22,7 +22,7 @@ mod step_cost;
 mod temperature;
 
 pub use chain::{is_greedy, random_seed, Chain, Direct, Sampler, PENALTY_LAST_N};
-pub use draft::{lookup as draft_lookup, DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
+pub use draft::{DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
 pub use llmr_engine_types::Sampling;
 pub use logits::{argmax, logprobs};
 pub use pacing::Pacer;
