@@ -10,6 +10,7 @@ use llmr_engine_host::{
     InstanceConfig, Manifest, ModelSpec, TokenEvent,
 };
 use llmr_engine_worker::{WorkerCommand, WorkerEngine};
+use llmr_tool_calls::{ToolCallFormat, ToolSchema};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -42,7 +43,9 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     ntg: u32,
     /// Which tests to run: pp, tg, batch, and tg_json / batch_json, the same decodes under a
-    /// grammar (an endless JSON array of objects, so that every token pays for its mask), and
+    /// grammar (an endless JSON array of objects, so that every token pays for its mask),
+    /// tg_tools: free text under the lazy grammar of a strict tool under `tool_choice: auto`
+    /// (Hermes: every token masked while the grammar watches for `<tool_call>`), and
     /// copy: answers that copy a passage of their prompt, at each concurrency, with speculative
     /// decoding (prompt lookup) on and off. pp, tg and batch run with speculation off: they
     /// compare the engine's decode with llama.cpp's tools, which do not speculate.
@@ -172,25 +175,54 @@ fn run_pp(engine: &Engine, args: &Args) -> Result<serde_json::Value> {
     Ok(serde_json::json!({ "n_prompt": args.pp, "tokens_per_s": median(rates.clone()), "samples": rates }))
 }
 
-fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>) -> Result<serde_json::Value> {
+/// The grammar of a strict tool under `tool_choice: auto` in Hermes's format (Qwen2.5's), as the
+/// node builds it: free text, calls under the tool's schema wherever one opens.
+fn strict_tool_grammar() -> Constraint {
+    let params = serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}},
+        "required": ["city"], "additionalProperties": false});
+    let tools = [ToolSchema { name: "get_weather", parameters: Some(&params) }];
+    Constraint::Lark(ToolCallFormat::Hermes.auto_call_grammar(&tools, true).expect("Hermes has a grammar"))
+}
+
+/// The engine's mask counters: (constrained tokens, seconds in the mask).
+fn mask_counters(engine: &Engine) -> Result<(f64, f64)> {
+    let m = engine.metrics()?;
+    let read = |key: &str| m[key].as_f64().unwrap_or(0.0);
+    Ok((read("constrained_tokens_total"), read("constraint_seconds_total")))
+}
+
+/// Single-sequence decode of `args.tg` tokens (`free_text`: a story the model continues in
+/// free text and may end, as under a lazy grammar; else an endless greedy decode past EOS).
+fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>, free_text: bool) -> Result<serde_json::Value> {
     let mut rates = Vec::new();
+    let mut generated = Vec::new();
+    let before = mask_counters(engine)?;
     for rep in 0..args.reps + 1 {
-        let prompt = format!("{rep}");
+        let prompt = if free_text {
+            format!("{rep}. Once upon a time, in a quiet village by the sea,")
+        } else {
+            format!("{rep}")
+        };
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
         p.sampling.max_tokens = Some(args.tg + 1);
         p.sampling.constraint = constraint.cloned();
         p.sampling.speculative = false;
-        p.ignore_eos = true;
+        p.ignore_eos = !free_text;
         let r = engine.infer(&p, |_| true)?;
-        if r.finish_reason != FinishReason::Length {
-            bail!("tg run ended early: {:?}", r.finish_reason);
+        if r.finish_reason != FinishReason::Length && (!free_text || r.completion_tokens < 17) {
+            bail!("tg run ended early: {:?} after {} tokens", r.finish_reason, r.completion_tokens);
         }
         if rep > 0 {
             // The first token comes from the prompt step; the rest are single-token decodes.
             rates.push((r.completion_tokens - 1) as f64 / (r.generation_ns as f64 / 1e9));
+            generated.push(r.completion_tokens);
         }
     }
-    Ok(serde_json::json!({ "n_gen": args.tg, "tokens_per_s": median(rates.clone()), "samples": rates }))
+    let after = mask_counters(engine)?;
+    let masked = after.0 - before.0;
+    let mask_ms = (masked > 0.0).then(|| (after.1 - before.1) * 1e3 / masked);
+    Ok(serde_json::json!({ "n_gen": args.tg, "tokens_per_s": median(rates.clone()), "samples": rates,
+        "generated": generated, "mask_ms_per_token": mask_ms }))
 }
 
 /// `run` for every prompt, each on a thread of its own, all at once; the results in prompt order.
@@ -384,9 +416,15 @@ fn main() -> Result<()> {
         out["pp"] = run_pp(&engine, &args)?;
     }
     let json = Constraint::Lark(ENDLESS_JSON.into());
-    for (test, constraint) in [("tg", None), ("tg_json", Some(&json))] {
-        if want(test) {
-            out[test] = run_tg(&engine, &args, constraint)?;
+    let tools = strict_tool_grammar();
+    for (test, constraint, free_text) in [
+        ("tg", None, false),
+        ("tg_json", Some(&json), false),
+        ("tg_free", None, true),
+        ("tg_tools", Some(&tools), true),
+    ] {
+        if want(test) || (test == "tg_free" && want("tg_tools")) {
+            out[test] = run_tg(&engine, &args, constraint, free_text)?;
         }
     }
     for (test, constraint) in [("batch", None), ("batch_json", Some(&json))] {

@@ -800,6 +800,33 @@ def test_a_forced_tool_call_is_always_a_valid_call(client, choice):
         assert "<tool_call>" not in (choice_.message.content or "")
 
 
+def test_strict_tools_under_auto_give_calls_that_follow_their_schema(client):
+    """`strict: true` under `tool_choice: auto`: the model may answer or call, and a call it opens is
+    decoded under the tool's schema (a lazy grammar: free text until `<tool_call>`), so at
+    temperature 1 every call parses and has exactly the schema's arguments. Qwen calls for the weather
+    on most seeds; a greeting is answered as text."""
+    tool = json.loads(json.dumps(WEATHER_TOOL))
+    tool["function"]["strict"] = True
+    tool["function"]["parameters"]["additionalProperties"] = False
+    calls = 0
+    for seed in range(8):
+        res = client.chat.completions.create(model="qwen", messages=WEATHER_CHAT, tools=[tool], tool_choice="auto",
+                                             max_tokens=96, temperature=1, seed=seed)
+        choice = res.choices[0]
+        assert "<tool_call>" not in (choice.message.content or ""), (seed, choice)
+        for call in choice.message.tool_calls or []:
+            assert call.function.name == "get_weather", (seed, call)
+            args = json.loads(call.function.arguments)
+            assert set(args) == {"city"} and isinstance(args["city"], str), (seed, call)
+            calls += 1
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls", (seed, choice)
+    assert calls >= 4, f"only {calls} of 8 sampled answers called the tool"
+    hello = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": "Say hello to Ann."}],
+                                           tools=[tool], tool_choice="auto", max_tokens=32, temperature=0)
+    assert hello.choices[0].message.content and not hello.choices[0].message.tool_calls, hello
+
+
 def test_wrong_method_is_an_openai_error(server):
     raw_error(server.get("/v1/chat/completions"), 405)
 

@@ -105,6 +105,9 @@ pub struct WireTool {
     pub description: Option<String>,
     #[serde(default)]
     pub input_schema: Option<Value>,
+    /// The input must follow `input_schema` (Anthropic's strict tool use).
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -505,7 +508,12 @@ fn convert_tools(tools: Vec<WireTool>) -> Result<Vec<FunctionTool>, ApiError> {
             if !schema.is_object() {
                 return Err(ApiError::invalid(&format!("tools[{i}].input_schema"), "must be a JSON Schema object"));
             }
-            Ok(FunctionTool { name, description: t.description, parameters: Some(schema) })
+            Ok(FunctionTool {
+                name,
+                description: t.description,
+                parameters: Some(schema),
+                strict: t.strict.unwrap_or(false),
+            })
         })
         .collect()
 }

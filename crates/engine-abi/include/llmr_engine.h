@@ -72,7 +72,7 @@ extern "C" {
 #endif
 
 #define LLMR_ENGINE_ABI_MAJOR 1u
-#define LLMR_ENGINE_ABI_MINOR 4u
+#define LLMR_ENGINE_ABI_MINOR 5u
 
 #if defined(_WIN32)
 #define LLMR_EXPORT __declspec(dllexport)
@@ -119,6 +119,7 @@ typedef int32_t llmr_status;
 #define LLMR_CAP_IMAGE (1u << 5)
 #define LLMR_CAP_CONSTRAINED (1u << 6) /* minor 1: honours llmr_infer_request.constraint_kind */
 #define LLMR_CAP_TOKEN_INPUT (1u << 7) /* minor 1: reads prompt_tokens / token_inputs */
+#define LLMR_CAP_SPECIAL_TEXT (1u << 8) /* minor 5: honours LLMR_INFER_SPECIAL_TEXT */
 
 /* Log levels for llmr_log_fn. */
 #define LLMR_LOG_ERROR 1u
@@ -142,6 +143,12 @@ typedef int32_t llmr_status;
 #define LLMR_INFER_IGNORE_EOS (1u << 4)     /* keep generating past end-of-generation tokens */
 #define LLMR_INFER_NO_SPECULATION (1u << 5) /* minor 4: decode one token per step, no drafts (an
                                                engine without speculation ignores it) */
+#define LLMR_INFER_SPECIAL_TEXT (1u << 6)   /* minor 5: control tokens the model generates (not
+                                               the end-of-generation ones) are written as their
+                                               text (`<|channel|>`) instead of nothing, for a host
+                                               that reads a format made of them (gpt-oss's
+                                               harmony). Sent only to plugins reporting
+                                               LLMR_CAP_SPECIAL_TEXT. */
 
 /*
  * llmr_infer_request.constraint_kind (minor 1): the language the output must belong to. The

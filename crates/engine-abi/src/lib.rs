@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void};
 pub const HEADER_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/llmr_engine.h");
 
 pub const LLMR_ENGINE_ABI_MAJOR: u32 = 1;
-pub const LLMR_ENGINE_ABI_MINOR: u32 = 4;
+pub const LLMR_ENGINE_ABI_MINOR: u32 = 5;
 
 pub type llmr_status = i32;
 pub const LLMR_OK: llmr_status = 0;
@@ -45,6 +45,7 @@ pub const LLMR_CAP_TTS: u32 = 1 << 4;
 pub const LLMR_CAP_IMAGE: u32 = 1 << 5;
 pub const LLMR_CAP_CONSTRAINED: u32 = 1 << 6;
 pub const LLMR_CAP_TOKEN_INPUT: u32 = 1 << 7;
+pub const LLMR_CAP_SPECIAL_TEXT: u32 = 1 << 8;
 
 pub const LLMR_LOG_ERROR: u32 = 1;
 pub const LLMR_LOG_WARN: u32 = 2;
@@ -64,6 +65,7 @@ pub const LLMR_INFER_PARSE_SPECIAL: u32 = 1 << 2;
 pub const LLMR_INFER_ADD_BOS: u32 = 1 << 3;
 pub const LLMR_INFER_IGNORE_EOS: u32 = 1 << 4;
 pub const LLMR_INFER_NO_SPECULATION: u32 = 1 << 5;
+pub const LLMR_INFER_SPECIAL_TEXT: u32 = 1 << 6;
 
 pub const LLMR_CONSTRAINT_NONE: u32 = 0;
 pub const LLMR_CONSTRAINT_JSON_SCHEMA: u32 = 1;

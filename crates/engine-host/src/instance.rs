@@ -78,6 +78,9 @@ pub struct InferParams<'a> {
     /// The prompt as token ids instead of text (`prompt` is then ignored): OpenAI's arrays of
     /// integers. Only plugins reporting `LLMR_CAP_TOKEN_INPUT` take them.
     pub prompt_tokens: Option<&'a [i32]>,
+    /// Control tokens the model generates are written as their text (gpt-oss's harmony markers);
+    /// only plugins reporting `LLMR_CAP_SPECIAL_TEXT` take it.
+    pub special_text: bool,
 }
 
 /// Embedding inputs: texts, or token ids (only for plugins reporting `LLMR_CAP_TOKEN_INPUT`).
@@ -99,6 +102,7 @@ impl<'a> InferParams<'a> {
             add_bos: true,
             ignore_eos: false,
             prompt_tokens: None,
+            special_text: false,
         }
     }
 
@@ -467,6 +471,9 @@ impl EngineInstance {
         if s.constraint.is_some() {
             self.require(abi::LLMR_CAP_CONSTRAINED, "constrained output")?;
         }
+        if params.special_text {
+            self.require(abi::LLMR_CAP_SPECIAL_TEXT, "control tokens written as text")?;
+        }
         let prompt_tokens = params.prompt_tokens.unwrap_or_default();
         let (constraint_kind, constraint) = match &s.constraint {
             None => (abi::LLMR_CONSTRAINT_NONE, ""),
@@ -482,6 +489,7 @@ impl EngineInstance {
             (params.add_bos, abi::LLMR_INFER_ADD_BOS),
             (params.ignore_eos, abi::LLMR_INFER_IGNORE_EOS),
             (!s.speculative, abi::LLMR_INFER_NO_SPECULATION),
+            (params.special_text, abi::LLMR_INFER_SPECIAL_TEXT),
         ] {
             if on {
                 flags |= bit;

@@ -354,6 +354,7 @@ pub unsafe fn infer<E: Engine>(
             parse_special: r.flags & abi::LLMR_INFER_PARSE_SPECIAL != 0,
             add_bos: r.flags & abi::LLMR_INFER_ADD_BOS != 0,
             ignore_eos: r.flags & abi::LLMR_INFER_IGNORE_EOS != 0,
+            special_text: r.flags & abi::LLMR_INFER_SPECIAL_TEXT != 0,
         };
         let mut sink = TokenSink::new(on_token, user_data);
         outcome = Some(inst.engine.infer(&req, &mut sink)?);

@@ -107,6 +107,9 @@ pub struct InferRequest<'a> {
     /// The prompt as token ids, used as given (`prompt` is then empty); only for plugins that
     /// report `LLMR_CAP_TOKEN_INPUT`.
     pub prompt_tokens: Option<&'a [i32]>,
+    /// Write the control tokens the model generates as their text (`LLMR_INFER_SPECIAL_TEXT`;
+    /// only for plugins that report `LLMR_CAP_SPECIAL_TEXT`).
+    pub special_text: bool,
 }
 
 /// Token ids a request gave (`prompt_tokens`, `token_inputs`), checked against the model's

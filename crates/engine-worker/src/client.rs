@@ -309,6 +309,7 @@ impl WorkerEngine {
                 add_bos: params.add_bos,
                 ignore_eos: params.ignore_eos,
                 prompt_tokens: params.prompt_tokens.map(<[i32]>::to_vec),
+                special_text: params.special_text,
             },
         };
         let on_event = |reply| match reply {

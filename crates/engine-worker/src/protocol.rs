@@ -147,6 +147,8 @@ pub struct InferRequest {
     pub add_bos: bool,
     pub ignore_eos: bool,
     pub prompt_tokens: Option<Vec<i32>>,
+    #[serde(default)]
+    pub special_text: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

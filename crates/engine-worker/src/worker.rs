@@ -249,6 +249,7 @@ fn run_call(worker: &Worker, request: Request, stop: &AtomicBool) -> Result<Outc
                 add_bos: request.add_bos,
                 ignore_eos: request.ignore_eos,
                 prompt_tokens: request.prompt_tokens.as_deref(),
+                special_text: request.special_text,
             };
             instance
                 .infer(&params, |event: &TokenEvent<'_>| {

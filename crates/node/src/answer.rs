@@ -1,9 +1,12 @@
 //! Reading an answer as it is generated: a reasoning model's thinking is split off first, then
 //! tool calls are read out of the rest (thinking never reaches the call parser or the content).
+//! A harmony answer (gpt-oss) says itself which message is which, and one parser reads all three.
 //! The chat, Messages and Responses encoders all read answers through this, streamed or whole.
 
 use crate::prompt::ToolParsing;
-use llmr_tool_calls::{ParsedCall, ReasoningFormat, ReasoningSplitter, Split, StreamEvent, StreamParser};
+use llmr_tool_calls::{
+    HarmonyEvent, HarmonyParser, ParsedCall, ReasoningFormat, ReasoningSplitter, Split, StreamEvent, StreamParser,
+};
 
 /// How to read a request's answer, decided when its prompt was rendered.
 #[derive(Clone, Debug, Default)]
@@ -22,9 +25,19 @@ impl Reading {
 
     /// A reader for a streamed answer.
     pub fn reader(&self) -> AnswerReader {
+        if self.reasoning.is_some_and(|(format, _)| format.is_harmony()) {
+            let (allowed, prefill) =
+                self.tools.as_ref().map(|t| (t.allowed.clone(), t.prefill.as_str())).unwrap_or_default();
+            return AnswerReader {
+                splitter: None,
+                calls: None,
+                harmony: Some(HarmonyParser::new(allowed).with_prefill(prefill)),
+            };
+        }
         AnswerReader {
             splitter: self.reasoning.map(|(format, inside)| ReasoningSplitter::new(format, inside)),
             calls: self.tools.as_ref().map(ToolParsing::stream_parser),
+            harmony: None,
         }
     }
 
@@ -63,10 +76,14 @@ pub struct Answer {
 pub struct AnswerReader {
     splitter: Option<ReasoningSplitter>,
     calls: Option<StreamParser>,
+    harmony: Option<HarmonyParser>,
 }
 
 impl AnswerReader {
     pub fn push(&mut self, text: &str) -> Vec<AnswerEvent> {
+        if let Some(harmony) = self.harmony.as_mut() {
+            return harmony.push(text).into_iter().map(from_harmony_event).collect();
+        }
         let mut out = Vec::new();
         match self.splitter.as_mut() {
             Some(splitter) => {
@@ -79,6 +96,9 @@ impl AnswerReader {
     }
 
     pub fn finish(&mut self) -> Vec<AnswerEvent> {
+        if let Some(harmony) = self.harmony.as_mut() {
+            return harmony.finish().into_iter().map(from_harmony_event).collect();
+        }
         let mut out = Vec::new();
         if let Some(splitter) = self.splitter.as_mut() {
             let splits = splitter.finish();
@@ -106,6 +126,14 @@ impl AnswerReader {
             None => out.push(AnswerEvent::Content(text.to_owned())),
         }
         out.retain(|ev| !matches!(ev, AnswerEvent::Content(t) if t.is_empty()));
+    }
+}
+
+fn from_harmony_event(ev: HarmonyEvent) -> AnswerEvent {
+    match ev {
+        HarmonyEvent::Reasoning(t) => AnswerEvent::Reasoning(t),
+        HarmonyEvent::Content(t) => AnswerEvent::Content(t),
+        HarmonyEvent::Call { index, call } => AnswerEvent::Call { index, call },
     }
 }
 

@@ -54,6 +54,9 @@ pub trait Engine: Send + Sync {
     fn set_config(&self, key: &str, value: &serde_json::Value) -> Result<(), CallError>;
     /// Whether the engine decodes under a constraint (`Sampling::constraint`).
     fn constrains(&self) -> bool;
+    /// Whether the engine writes generated control tokens as their text when asked
+    /// (`InferParams::special_text`), as harmony answers need.
+    fn writes_special(&self) -> bool;
     /// Why the engine can no longer serve (its worker process crashed, or hung and was ended),
     /// once that happened; every call then fails. An engine in the node's process never ends
     /// on its own (a crash there ends the node).
@@ -214,6 +217,10 @@ impl Engine for PluginEngine {
         self.instance.plugin().info.capabilities & abi::LLMR_CAP_CONSTRAINED != 0
     }
 
+    fn writes_special(&self) -> bool {
+        self.instance.plugin().info.capabilities & abi::LLMR_CAP_SPECIAL_TEXT != 0
+    }
+
     fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError> {
         self.instance.tokenize(&self.model_id, text, add_bos, parse_special)
     }
@@ -315,6 +322,10 @@ impl Engine for IsolatedEngine {
 
     fn constrains(&self) -> bool {
         self.worker.capabilities() & abi::LLMR_CAP_CONSTRAINED != 0
+    }
+
+    fn writes_special(&self) -> bool {
+        self.worker.capabilities() & abi::LLMR_CAP_SPECIAL_TEXT != 0
     }
 
     fn tokenize(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<i32>, CallError> {

@@ -36,17 +36,36 @@ pub struct Prompt {
     pub tokens: Option<Vec<u32>>,
     /// A reasoning model's thinking is cut after this many tokens (`thinking_budget.rs`).
     pub thinking_budget: Option<ThinkingBudget>,
+    /// The engine writes the control tokens it generates as their text: the answer is read in a
+    /// format made of them (gpt-oss's harmony).
+    pub special_text: bool,
 }
 
 impl Prompt {
     /// A prompt rendered by a chat template (which writes any BOS itself).
     pub fn rendered(text: String) -> Self {
-        Prompt { text, add_bos: false, parse_special: true, constraint: None, tokens: None, thinking_budget: None }
+        Prompt {
+            text,
+            add_bos: false,
+            parse_special: true,
+            constraint: None,
+            tokens: None,
+            thinking_budget: None,
+            special_text: false,
+        }
     }
 
     /// A raw prompt, as llama-server takes it: the model's BOS, and special tokens honoured.
     pub fn raw(text: String) -> Self {
-        Prompt { text, add_bos: true, parse_special: true, constraint: None, tokens: None, thinking_budget: None }
+        Prompt {
+            text,
+            add_bos: true,
+            parse_special: true,
+            constraint: None,
+            tokens: None,
+            thinking_budget: None,
+            special_text: false,
+        }
     }
 
     /// A prompt given as token ids (OpenAI's arrays of integers): the engine reads them as they are.
@@ -58,6 +77,7 @@ impl Prompt {
             constraint: None,
             tokens: Some(ids),
             thinking_budget: None,
+            special_text: false,
         }
     }
 }
@@ -135,7 +155,7 @@ pub async fn count_tokens(model: &Arc<LoadedModel>, prompt: &Prompt) -> Result<u
 /// The settings besides the prompt text that decide a greedy output, for the cache key.
 fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
     format!(
-        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?} tokens={:?} thinking={:?}",
+        "max={:?} top_k={:?} top_p={} min_p={} rep={} pres={} freq={} stop={:?} bos={} special={} constraint={:?} tokens={:?} thinking={:?} special_text={}",
         s.max_tokens,
         s.top_k,
         s.top_p,
@@ -148,7 +168,8 @@ fn settings_key(s: &Sampling, prompt: &Prompt) -> String {
         prompt.parse_special,
         s.constraint,
         prompt.tokens,
-        prompt.thinking_budget
+        prompt.thinking_budget,
+        prompt.special_text
     )
 }
 
@@ -214,6 +235,7 @@ fn start(
             parse_special: prompt.parse_special,
             add_bos: prompt.add_bos,
             prompt_tokens: ids.as_deref(),
+            special_text: prompt.special_text,
             ..InferParams::new(request_id, &model.name, &prompt.text, sampling.clone())
         };
         let want_logprobs = params.sampling.logprobs.is_some();
@@ -274,6 +296,7 @@ fn start(
                 let params = InferParams {
                     parse_special: prompt.parse_special,
                     add_bos: prompt.add_bos,
+                    special_text: prompt.special_text,
                     ..InferParams::new(request_id, &model.name, &continued, sampling)
                 };
                 let thought = *cut;

@@ -55,12 +55,17 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
     input.kwargs.extend(req.template_kwargs.clone());
     let mut text = templates.render(&input).map_err(|e| NodeError::Template(e.to_string()))?;
     text.push_str(continued.as_deref().unwrap_or_default());
-    let reasoning =
-        ReasoningFormat::detect(templates.select(offer_tools).source()).map(|f| (f, f.starts_inside(&text)));
+    // Harmony is read from the control tokens the engine writes as text; an engine that cannot
+    // write them gives an answer read as it is.
+    let reasoning = ReasoningFormat::detect(templates.select(offer_tools).source())
+        .filter(|f| !f.is_harmony() || model.engine.writes_special())
+        .map(|f| (f, f.starts_inside(&text)));
+    let special_text = reasoning.is_some_and(|(f, _)| f.is_harmony());
     // Under a `response_format` the answer is the document its schema describes: read as a tool
     // call, a JSON answer that happens to look like one would be lost to the client.
     if !offer_tools || req.sampling.constraint.is_some() {
         let mut prompt = Prompt::rendered(text);
+        prompt.special_text = special_text;
         prompt.constraint = match (&req.sampling.constraint, reasoning) {
             // A client's own Lark grammar says itself what comes first.
             (Some(c), Some((format, inside))) if !matches!(c, Constraint::Lark(_)) => {
@@ -74,7 +79,10 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
     }
     let template = templates.select(true);
     let architecture = model.engine.info().architecture.as_deref().unwrap_or_default();
-    let format = ToolCallFormat::detect(Some(template.source()), architecture);
+    let format = match ToolCallFormat::detect(Some(template.source()), architecture) {
+        ToolCallFormat::Harmony if !special_text => ToolCallFormat::PlainJson,
+        format => format,
+    };
     let forced = match &req.tool_choice {
         ToolChoice::Required => Some(None),
         ToolChoice::Function(name) => Some(Some(name.as_str())),
@@ -82,14 +90,22 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
     };
     // A forced call is decoded under its grammar where the engine can (the call always parses
     // and its arguments match the tool's schema); else the prompt ends inside the call's opening.
+    // Under `auto`, strict tools' calls are held to their schemas wherever the model opens one.
     let schemas: Vec<ToolSchema<'_>> =
         req.tools.iter().map(|t| ToolSchema { name: &t.name, parameters: t.parameters.as_ref() }).collect();
-    let grammar = forced
-        .filter(|_| model.engine.constrains())
+    let strict_schemas: Vec<ToolSchema<'_>> = req
+        .tools
+        .iter()
+        .map(|t| ToolSchema { name: &t.name, parameters: t.parameters.as_ref().filter(|_| t.strict) })
+        .collect();
+    let strict_auto = req.tool_choice == ToolChoice::Auto && req.tools.iter().any(|t| t.strict);
+    let grammar = match forced {
         // A named function is called once (as OpenAI does); `required` may call several.
-        .and_then(|function| {
-            format.forced_call_grammar(&schemas, function, function.is_none() && req.parallel_tool_calls)
-        });
+        Some(function) => format.forced_call_grammar(&schemas, function, function.is_none() && req.parallel_tool_calls),
+        None if strict_auto => format.auto_call_grammar(&strict_schemas, req.parallel_tool_calls),
+        None => None,
+    }
+    .filter(|_| model.engine.constrains());
     let prefill = match (grammar.is_some(), forced) {
         (false, Some(function)) => format.forced_prefix(function),
         _ => String::new(),
@@ -97,6 +113,7 @@ pub fn render_chat(model: &LoadedModel, req: &ChatRequest) -> Result<(Prompt, Re
     text.push_str(&prefill);
     let allowed = req.tools.iter().map(|t| t.name.clone()).collect();
     let mut prompt = Prompt::rendered(text);
+    prompt.special_text = special_text;
     let answer_constraint = grammar.clone().map(Constraint::Lark);
     prompt.thinking_budget = thinking_budget(req, reasoning, answer_constraint);
     prompt.constraint = grammar.map(|g| {
@@ -122,6 +139,11 @@ fn thinking_budget(
         tokens: req.thinking_budget?,
         open: format.open,
         close: format.close,
+        // A call's grammar (the only Lark held after thinking) writes its own message header.
+        resume: match &answer_constraint {
+            Some(Constraint::Lark(_)) => format.resume_for_calls(),
+            _ => format.resume,
+        },
         inside,
         answer_constraint,
     })

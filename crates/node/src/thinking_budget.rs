@@ -15,6 +15,8 @@ pub struct ThinkingBudget {
     pub tokens: u32,
     pub open: &'static str,
     pub close: &'static str,
+    /// What is written after thinking cut short, before the answer (the format's own).
+    pub resume: &'static str,
     /// The prompt opened the thinking already.
     pub inside: bool,
     /// The constraint for the answer once the thinking is closed, where the prompt's own holds
@@ -25,7 +27,7 @@ pub struct ThinkingBudget {
 impl ThinkingBudget {
     /// What is written after thinking cut short, before the answer.
     pub fn closing(&self) -> String {
-        format!("\n{}\n\n", self.close)
+        self.resume.to_owned()
     }
 }
 
@@ -108,7 +110,14 @@ mod tests {
     use super::*;
 
     fn budget(tokens: u32, inside: bool) -> ThinkingBudget {
-        ThinkingBudget { tokens, open: "<think>", close: "</think>", inside, answer_constraint: None }
+        ThinkingBudget {
+            tokens,
+            open: "<think>",
+            close: "</think>",
+            resume: "\n</think>\n\n",
+            inside,
+            answer_constraint: None,
+        }
     }
 
     fn run(watch: &mut BudgetWatch, pieces: &[&str]) -> usize {
@@ -132,6 +141,27 @@ mod tests {
         let mut w = BudgetWatch::new(budget(2, false));
         assert_eq!(run(&mut w, &["<th", "ink>x", " y", " z"]), 2);
         assert_eq!(w.text(), "<think>x y");
+    }
+
+    #[test]
+    fn harmony_thinking_is_the_analysis_message() {
+        let harmony = |tokens| ThinkingBudget {
+            tokens,
+            open: "<|channel|>analysis<|message|>",
+            close: "<|end|>",
+            resume: "<|end|><|start|>assistant<|channel|>final<|message|>",
+            inside: false,
+            answer_constraint: None,
+        };
+        // The markers are tokens of their own; the header does not count.
+        let mut w = BudgetWatch::new(harmony(2));
+        assert_eq!(run(&mut w, &["<|channel|>", "analysis", "<|message|>", "a", " b", " c"]), 4);
+        assert!(w.cut());
+        assert_eq!(w.budget().closing(), "<|end|><|start|>assistant<|channel|>final<|message|>");
+        // An answer straight to the final channel is not thinking.
+        let mut w = BudgetWatch::new(harmony(1));
+        assert_eq!(run(&mut w, &["<|channel|>", "final", "<|message|>", "a", " b"]), 5);
+        assert!(!w.cut());
     }
 
     #[test]

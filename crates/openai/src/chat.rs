@@ -171,6 +171,9 @@ pub struct WireFunctionDef {
     pub description: Option<String>,
     #[serde(default)]
     pub parameters: Option<serde_json::Value>,
+    /// The arguments must follow `parameters` (OpenAI's strict function calling).
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,6 +277,9 @@ pub struct FunctionTool {
     pub description: Option<String>,
     /// The JSON Schema of the arguments.
     pub parameters: Option<serde_json::Value>,
+    /// The arguments must follow `parameters` even when the model chooses to call
+    /// (`tool_choice: auto`): decoded under the schema where the engine can.
+    pub strict: bool,
 }
 
 /// A validated chat request.
@@ -373,6 +379,7 @@ impl ChatCompletionRequest {
                     name: t.function.name,
                     description: t.function.description,
                     parameters: t.function.parameters,
+                    strict: t.function.strict.unwrap_or(false),
                 })
             })
             .collect::<Result<_, _>>()?;

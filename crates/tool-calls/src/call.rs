@@ -5,17 +5,23 @@ use serde_json::{Map, Value};
 
 use crate::ParsedCall;
 
-/// The tool names offered with the request; empty means any name is accepted.
+/// The tool names offered with the request (`None`: any name is accepted).
 #[derive(Debug, Clone)]
-pub(crate) struct Allowed(Vec<String>);
+pub(crate) struct Allowed(Option<Vec<String>>);
 
 impl Allowed {
+    /// The names offered; an empty list accepts every name.
     pub(crate) fn new(names: Vec<String>) -> Self {
-        Self(names)
+        Self((!names.is_empty()).then_some(names))
+    }
+
+    /// No name at all.
+    pub(crate) fn none() -> Self {
+        Self(Some(Vec::new()))
     }
 
     fn contains(&self, name: &str) -> bool {
-        self.0.is_empty() || self.0.iter().any(|allowed| allowed == name)
+        self.0.as_ref().is_none_or(|names| names.iter().any(|allowed| allowed == name))
     }
 }
 

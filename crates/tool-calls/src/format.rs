@@ -20,6 +20,9 @@ pub enum ToolCallFormat {
     /// `[TOOL_CALLS]name[ARGS]{...}` (optionally `name[CALL_ID]id[ARGS]{...}`), one marker per call
     /// (Mistral Small 3.2, Ministral 3, Devstral).
     MistralArgs,
+    /// gpt-oss's harmony: a message addressed `to=functions.NAME` on the `commentary` channel
+    /// (read by [`HarmonyParser`](crate::HarmonyParser), with the thinking and the answer).
+    Harmony,
     /// No hint from the template: the whole answer (trimmed, optionally in a ```` ```json ```` fence) is a
     /// call object, an array of them, or `{"tool_calls": [...]}`; a leading `<tool_call>` block or
     /// `<|python_tag|>` is read too.
@@ -45,7 +48,9 @@ impl ToolCallFormat {
         let Some(template) = template_source else {
             return ToolCallFormat::PlainJson;
         };
-        if template.contains(HERMES_OPEN) {
+        if crate::is_harmony(template) {
+            ToolCallFormat::Harmony
+        } else if template.contains(HERMES_OPEN) {
             ToolCallFormat::Hermes
         } else if template.contains(MISTRAL_OPEN) && template.contains(MISTRAL_ARGS) {
             ToolCallFormat::MistralArgs
@@ -81,6 +86,10 @@ impl ToolCallFormat {
             (ToolCallFormat::Llama3 | ToolCallFormat::PlainJson, None) => "{\"name\": \"".to_owned(),
             (ToolCallFormat::Llama3, Some(name)) => format!("{{\"name\": {}, \"parameters\": ", quoted(name)),
             (ToolCallFormat::PlainJson, Some(name)) => format!("{{\"name\": {}, \"arguments\": ", quoted(name)),
+            (ToolCallFormat::Harmony, None) => " to=functions.".to_owned(),
+            (ToolCallFormat::Harmony, Some(name)) => {
+                format!(" to=functions.{name}<|channel|>commentary json<|message|>")
+            }
         }
     }
 
@@ -94,7 +103,22 @@ impl ToolCallFormat {
     /// [`parse`](Self::parse) for a generation that continued from `prefill` (see
     /// [`forced_prefix`](Self::forced_prefix)); `text` is what the model generated after it.
     pub fn parse_with_prefill(&self, prefill: &str, text: &str, allowed: &[&str]) -> ParsedOutput {
-        let allowed = allowed.iter().map(|name| (*name).to_owned()).collect();
+        let allowed: Vec<String> = allowed.iter().map(|name| (*name).to_owned()).collect();
+        if *self == ToolCallFormat::Harmony {
+            // The thinking is left out: a `ParsedOutput` has content and calls only.
+            let mut parser = crate::HarmonyParser::new(allowed).with_prefill(prefill);
+            let mut events = parser.push(text);
+            events.extend(parser.finish());
+            let mut output = ParsedOutput::default();
+            for event in events {
+                match event {
+                    crate::HarmonyEvent::Content(t) => output.content.push_str(&t),
+                    crate::HarmonyEvent::Call { call, .. } => output.calls.push(call),
+                    crate::HarmonyEvent::Reasoning(_) => {}
+                }
+            }
+            return output;
+        }
         let mut parser = StreamParser::new(*self, allowed).with_prefill(prefill);
         let mut events = parser.push(text);
         events.extend(parser.finish());
@@ -124,6 +148,7 @@ mod tests {
         assert_eq!(detect("\"parameters\"", "command-r"), ToolCallFormat::PlainJson);
         assert_eq!(detect("<|im_start|>{{ message.content }}", "llama"), ToolCallFormat::PlainJson);
         assert_eq!(ToolCallFormat::detect(None, "qwen2"), ToolCallFormat::PlainJson);
+        assert_eq!(detect("<|start|>assistant<|channel|>final<|message|>", "gpt-oss"), ToolCallFormat::Harmony);
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! The grammar of a forced tool call (`tool_choice` `required` or a named function): the call's
-//! markers in the model's own format around a JSON object whose `name` is one of the offered
-//! tools and whose arguments follow that tool's parameter schema. An engine with constrained
-//! decoding masks its output with it, so the call always parses and its arguments always match.
+//! The grammars of tool calls, in the model's own format, around JSON objects whose `name` is one
+//! of the offered tools and whose arguments follow that tool's parameter schema. An engine with
+//! constrained decoding masks its output with them, so a call always parses and its arguments
+//! always match:
+//! - a forced call (`tool_choice` `required` or a named function): the answer is the call;
+//! - `strict` tools under `tool_choice: auto`: free text until the model opens a call (a lazy
+//!   grammar, as llama.cpp's triggers are), then the call under its schema, then text again.
 //!
 //! Written in llguidance's Lark dialect, with the call object as an embedded `%json` schema.
 
@@ -26,15 +29,17 @@ impl ToolCallFormat {
         function: Option<&str>,
         parallel: bool,
     ) -> Option<String> {
-        let key = match self {
-            ToolCallFormat::Hermes | ToolCallFormat::PlainJson => "arguments",
-            ToolCallFormat::Llama3 => "parameters",
-            ToolCallFormat::Mistral | ToolCallFormat::MistralArgs => return None,
-        };
         let offered: Vec<&ToolSchema<'_>> = tools.iter().filter(|t| function.is_none_or(|f| f == t.name)).collect();
         if offered.is_empty() {
             return None;
         }
+        let key = match self {
+            ToolCallFormat::Hermes | ToolCallFormat::PlainJson => "arguments",
+            ToolCallFormat::Llama3 => "parameters",
+            ToolCallFormat::Mistral | ToolCallFormat::MistralArgs => return None,
+            // One call per message; `<|call|>` ends the generation.
+            ToolCallFormat::Harmony => return Some(format!("start: call\n{}", harmony_calls(&offered))),
+        };
         let call = call_schema(&offered, key);
         Some(match self {
             ToolCallFormat::Hermes => {
@@ -52,6 +57,55 @@ impl ToolCallFormat {
             ToolCallFormat::Llama3 if parallel => format!("start: call (\"; \" call)*\ncall: %json {call}\n"),
             // A bare object (an array of them reads as calls too, but one is what models write).
             _ => format!("start: %json {call}\n"),
+        })
+    }
+
+    /// The grammar of an answer under `tool_choice: auto` with strict tools: any text, and calls
+    /// to `tools` that follow their schemas wherever the model opens one (several when `parallel`
+    /// and the format has a way to write them). Until the model writes a call's opening the mask
+    /// allows every token it would allow unconstrained. `None` for the Mistral forms (their markers
+    /// are control tokens a grammar cannot spell as text): their calls are read, not enforced.
+    pub fn auto_call_grammar(&self, tools: &[ToolSchema<'_>], parallel: bool) -> Option<String> {
+        if tools.is_empty() {
+            return None;
+        }
+        let refs: Vec<&ToolSchema<'_>> = tools.iter().collect();
+        // Text that never opens a call: a call's opening always starts a call under its schema.
+        // Nor does it start as a JSON object: an answer that does is a bare call.
+        let text_without =
+            |opening: &str| format!("/(?s:.*)/ & ~/(?s:.*){}(?s:.*)/ & ~{BARE_OPENING}", regex_escape(opening));
+        Some(match self {
+            ToolCallFormat::Hermes => {
+                let call = call_schema(&refs, "arguments");
+                // A lazy lexeme: the text before a call ends at the first `<tool_call>`. Qwen2.5
+                // often writes its call as bare JSON, without the block: that is a call too.
+                let calls = if parallel { "call*" } else { "call?" };
+                format!(
+                    "start: bare | {calls} TAIL\n\
+                     bare: %json {call}\n\
+                     call: head \"\\n\" %json {call} {}\n\
+                     head[lazy]: TEXT {}\n\
+                     TEXT: /(?s:.*)/ & ~{BARE_OPENING}\n\
+                     TAIL: {}\n",
+                    lark_string(&format!("\n{HERMES_CLOSE}")),
+                    lark_string(HERMES_OPEN),
+                    text_without(HERMES_OPEN),
+                )
+            }
+            // The whole answer is a call or it is text, which then cannot start as a call does.
+            ToolCallFormat::Llama3 | ToolCallFormat::PlainJson => {
+                let key = if *self == ToolCallFormat::Llama3 { "parameters" } else { "arguments" };
+                let call = call_schema(&refs, key);
+                let calls = if parallel && *self == ToolCallFormat::Llama3 { "call (\"; \" call)*" } else { "call" };
+                format!("start: TEXT | {calls}\ncall: %json {call}\nTEXT: /(?s:.*)/ & ~{BARE_OPENING}\n")
+            }
+            ToolCallFormat::Mistral | ToolCallFormat::MistralArgs => return None,
+            // The answer (after any thinking, see `ReasoningFormat::then`) is a final message or
+            // a call.
+            ToolCallFormat::Harmony => format!(
+                "start: final | call\nfinal: <|channel|> \"final\" <|message|> FINAL\nFINAL: /(?s:.*)/\n{}",
+                harmony_calls(&refs)
+            ),
         })
     }
 }
@@ -72,8 +126,48 @@ fn call_schema(tools: &[&ToolSchema<'_>], key: &str) -> Value {
         [t] => one(t),
         many => json!({"anyOf": many.iter().map(|t| one(t)).collect::<Vec<_>>()}),
     };
-    schema["x-guidance"] = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    schema["x-guidance"] = layout();
     schema
+}
+
+/// Text that opens as a JSON object does (after whitespace), as a Lark regex.
+const BARE_OPENING: &str = r"/[ \t\r\n]*\{(?s:.*)/";
+
+/// Harmony's calls, one rule a tool, as gpt-oss's template shows them to the model:
+/// ` to=functions.NAME<|channel|>commentary json<|message|>{...}` (its rules, `call` first).
+fn harmony_calls(tools: &[&ToolSchema<'_>]) -> String {
+    let mut rules = String::from("call: ");
+    let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+    rules.push_str(&names.join(" | "));
+    rules.push('\n');
+    for (name, tool) in names.iter().zip(tools) {
+        let mut arguments = tool.parameters.cloned().unwrap_or_else(|| json!({"type": "object"}));
+        if let Value::Object(map) = &mut arguments {
+            map.entry("x-guidance").or_insert_with(layout);
+        }
+        rules.push_str(&format!(
+            "{name}: {} <|channel|> \"commentary json\" <|message|> %json {arguments}\n",
+            lark_string(&format!(" to=functions.{}", tool.name))
+        ));
+    }
+    rules
+}
+
+/// llmr's JSON layout for calls: one line, Python's separators.
+fn layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// `text` as a regex matching itself.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A Lark string literal (JSON's escaping is a subset Lark reads).

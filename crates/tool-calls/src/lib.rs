@@ -13,6 +13,8 @@
 //! - [`Mistral`](ToolCallFormat::Mistral) / [`MistralArgs`](ToolCallFormat::MistralArgs): content, then
 //!   `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` or `[TOOL_CALLS]name[ARGS]{...}` (both are
 //!   read either way);
+//! - [`Harmony`](ToolCallFormat::Harmony) (gpt-oss): a `commentary` message `to=functions.NAME`,
+//!   read with the thinking and the answer by [`HarmonyParser`] (`harmony.rs`);
 //! - [`PlainJson`](ToolCallFormat::PlainJson), when the template gives no hint: the whole answer
 //!   (optionally in a ```` ```json ```` fence) is a call object, an array of them, or
 //!   `{"tool_calls": [...]}`.
@@ -31,21 +33,26 @@
 //! unterminated or invalid call becomes content. The result never depends on how the text was split:
 //! [`ToolCallFormat::parse`] is the same machine fed the whole text at once.
 //!
-//! # Forcing a call
-//! For `tool_choice` `"required"` or a named function, [`ToolCallFormat::forced_prefix`] gives the
-//! text to append to the prompt so that the model can only continue a call; the parser must be told
-//! ([`StreamParser::with_prefill`], [`ToolCallFormat::parse_with_prefill`]).
+//! # Forcing a call, enforcing a schema
+//! For `tool_choice` `"required"` or a named function, an engine with constrained decoding runs
+//! [`ToolCallFormat::forced_call_grammar`]; for `strict` tools under `auto`,
+//! [`ToolCallFormat::auto_call_grammar`] (free text until a call opens, then its schema). Where the
+//! engine cannot, [`ToolCallFormat::forced_prefix`] gives the text to append to the prompt so that
+//! the model can only continue a call; the parser must be told ([`StreamParser::with_prefill`],
+//! [`ToolCallFormat::parse_with_prefill`]).
 #![forbid(unsafe_code)]
 
 mod call;
 mod format;
 mod grammar;
+mod harmony;
 mod json_scan;
 mod reasoning;
 mod stream;
 
 pub use format::ToolCallFormat;
 pub use grammar::ToolSchema;
+pub use harmony::{is_harmony, HarmonyEvent, HarmonyParser};
 pub use reasoning::{AnswerGrammar, ReasoningFormat, ReasoningSplitter, Split};
 pub use stream::StreamParser;
 

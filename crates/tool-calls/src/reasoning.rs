@@ -15,14 +15,42 @@
 pub struct ReasoningFormat {
     pub open: &'static str,
     pub close: &'static str,
+    /// What is written after thinking cut short (a thinking budget), for the answer to follow.
+    pub resume: &'static str,
 }
 
 impl ReasoningFormat {
-    pub const THINK: ReasoningFormat = ReasoningFormat { open: "<think>", close: "</think>" };
+    pub const THINK: ReasoningFormat = ReasoningFormat { open: "<think>", close: "</think>", resume: "\n</think>\n\n" };
+
+    /// gpt-oss's harmony: thinking is the `analysis` channel's message (its answers are read by
+    /// [`HarmonyParser`](crate::HarmonyParser), not [`ReasoningSplitter`]).
+    pub const HARMONY: ReasoningFormat = ReasoningFormat {
+        open: "<|channel|>analysis<|message|>",
+        close: "<|end|>",
+        resume: "<|end|><|start|>assistant<|channel|>final<|message|>",
+    };
 
     /// The format a chat template teaches, if it has one.
     pub fn detect(template_source: &str) -> Option<ReasoningFormat> {
+        if crate::is_harmony(template_source) {
+            return Some(Self::HARMONY);
+        }
         template_source.contains(Self::THINK.close).then_some(Self::THINK)
+    }
+
+    pub fn is_harmony(&self) -> bool {
+        *self == Self::HARMONY
+    }
+
+    /// What a thinking budget writes after thinking cut short when the answer is held to a call's
+    /// grammar: harmony's next message opens without a header, which the grammar writes (a call
+    /// or the final message); elsewhere the same as [`resume`](Self::resume).
+    pub fn resume_for_calls(&self) -> &'static str {
+        if self.is_harmony() {
+            "<|end|><|start|>assistant"
+        } else {
+            self.resume
+        }
     }
 
     /// Whether a prompt leaves the model inside its thinking: the generation prompt ends with the
@@ -49,6 +77,9 @@ impl ReasoningFormat {
     /// thinking, optional otherwise), whitespace, then the answer. `None` for a Lark grammar that
     /// does not start with its `start` rule.
     pub fn then(&self, inside: bool, answer: AnswerGrammar<'_>) -> Option<String> {
+        if self.is_harmony() {
+            return harmony_then(answer);
+        }
         let open = lark_string(self.open);
         let head =
             if inside { "start: thinking answer\n".to_owned() } else { format!("start: ({open} thinking)? answer\n") };
@@ -65,6 +96,23 @@ impl ReasoningFormat {
         };
         Some(format!("{head}{thinking}{answer}"))
     }
+}
+
+/// [`ReasoningFormat::then`] for harmony, whose markers are control tokens (named as such in
+/// the grammar): an optional `analysis` message, then the answer as the `final` message. A Lark
+/// answer (a forced call's grammar) writes its own message header.
+fn harmony_then(answer: AnswerGrammar<'_>) -> Option<String> {
+    let head = "start: thinking? answer\n\
+                thinking: <|channel|> \"analysis\" <|message|> THINKING <|end|> <|start|> \"assistant\"\n\
+                THINKING: /(?s:.*)/\n";
+    let answer = match answer {
+        AnswerGrammar::JsonSchema(schema) => format!("answer: <|channel|> \"final\" <|message|> %json {schema}\n"),
+        AnswerGrammar::Regex(regex) => {
+            format!("answer: <|channel|> \"final\" <|message|> ANSWER\nANSWER: /{}/\n", escape_slashes(regex))
+        }
+        AnswerGrammar::Lark(grammar) => format!("answer: answer_body\nanswer_body:{}", grammar.strip_prefix("start:")?),
+    };
+    Some(format!("{head}{answer}"))
 }
 
 /// A Lark string literal.

@@ -37,7 +37,8 @@ impl StreamParser {
             ToolCallFormat::Mistral | ToolCallFormat::MistralArgs => {
                 State::Search { marker: Marker::Mistral, after_call: false }
             }
-            ToolCallFormat::Llama3 | ToolCallFormat::PlainJson => State::Start,
+            // Harmony answers are read by `HarmonyParser`; as bare text, a call is bare JSON.
+            ToolCallFormat::Llama3 | ToolCallFormat::PlainJson | ToolCallFormat::Harmony => State::Start,
         };
         Self { allowed: Allowed::new(allowed), state, pending: String::new(), calls: 0, queued: Vec::new() }
     }

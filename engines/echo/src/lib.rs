@@ -62,7 +62,9 @@ impl Engine for EchoEngine {
         static INFO: EngineInfo = EngineInfo {
             engine_id: c"echo",
             version: c"0.1.0",
-            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING,
+            // Its words are the prompt's text, control-token text included, flag or not: it has no
+            // control tokens to write as nothing, so it honours `LLMR_INFER_SPECIAL_TEXT` as is.
+            capabilities: abi::LLMR_CAP_TEXT | abi::LLMR_CAP_EMBEDDING | abi::LLMR_CAP_SPECIAL_TEXT,
         };
         &INFO
     }

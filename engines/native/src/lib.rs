@@ -152,6 +152,7 @@ impl NativeEngine {
             sampling: req.sampling.clone(),
             mask,
             ignore_eos: req.ignore_eos,
+            special_text: req.special_text,
             tokens,
             events: tx,
             cancel: cancel.clone(),
@@ -216,7 +217,8 @@ impl Engine for NativeEngine {
             capabilities: abi::LLMR_CAP_TEXT
                 | abi::LLMR_CAP_EMBEDDING
                 | abi::LLMR_CAP_CONSTRAINED
-                | abi::LLMR_CAP_TOKEN_INPUT,
+                | abi::LLMR_CAP_TOKEN_INPUT
+                | abi::LLMR_CAP_SPECIAL_TEXT,
         };
         &INFO
     }

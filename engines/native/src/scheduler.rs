@@ -43,6 +43,8 @@ pub struct Job {
     /// The request's constraint, compiled by the caller; `None` for free text.
     pub mask: Option<TokenMask>,
     pub ignore_eos: bool,
+    /// Control tokens are written as their text (`LLMR_INFER_SPECIAL_TEXT`).
+    pub special_text: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
 }
@@ -289,7 +291,7 @@ impl Scheduler {
                 pending: None,
                 logits_row: None,
                 generated: 0,
-                detok: self.tokenizer.decoder(),
+                detok: self.tokenizer.decoder(job.special_text),
                 started: Instant::now(),
                 first_token: None,
                 job,

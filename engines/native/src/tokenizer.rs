@@ -132,21 +132,24 @@ impl ModelTokenizer {
         self.end_ids.contains(&id)
     }
 
-    pub fn decoder(&self) -> Detokenizer {
-        Detokenizer::default()
+    /// A sequence's detokenizer; `special_text`: control tokens are written as their text
+    /// (`LLMR_INFER_SPECIAL_TEXT`), else as nothing.
+    pub fn decoder(&self, special_text: bool) -> Detokenizer {
+        Detokenizer { special_text, ..Detokenizer::default() }
     }
 
     /// Feeds one generated token to `d`; returns the text it completes (empty while a multi-byte
     /// character is still incomplete).
     pub fn step(&self, d: &mut Detokenizer, id: u32) -> String {
-        match step_decode_stream(&self.special, vec![id], true, &mut d.ids, &mut d.prefix, &mut d.prefix_index) {
+        let skip = !d.special_text;
+        match step_decode_stream(&self.special, vec![id], skip, &mut d.ids, &mut d.prefix, &mut d.prefix_index) {
             Ok(Some(text)) => text,
             Ok(None) => String::new(),
             // The stream lost its prefix (a decoder that rewrites earlier text): start afresh
             // from this token rather than fail the request.
             Err(_) => {
-                *d = Detokenizer::default();
-                self.piece(id)
+                *d = self.decoder(d.special_text);
+                self.special.decode(&[id], skip).unwrap_or_default()
             }
         }
     }
@@ -158,4 +161,5 @@ pub struct Detokenizer {
     ids: Vec<u32>,
     prefix: String,
     prefix_index: usize,
+    special_text: bool,
 }

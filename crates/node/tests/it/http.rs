@@ -608,6 +608,87 @@ async fn a_thinking_budget_closes_the_thinking_and_the_answer_follows() {
     assert_eq!(m["usage"]["output_tokens"], 6);
 }
 
+/// A template that writes harmony's markers (so its answers are read as harmony, gpt-oss's
+/// format) and renders only the messages' text, so the echo engine repeats the user's words.
+const HARMONY_TEMPLATE: &str = "{# <|channel|> <|message|> #}{% for m in messages %}{{ m.content }} {% endfor %}";
+
+fn harmony_node() -> TestNode {
+    node_with("echo-oss", 0, |c| {
+        let manifest = c.engines_dir.join("echo/cpu/manifest.json");
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        m["parameters"]["chat_template"] = json!(HARMONY_TEMPLATE);
+        std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    })
+}
+
+#[tokio::test]
+async fn a_harmony_answer_is_read_as_thinking_answer_and_calls_on_every_api() {
+    let n = harmony_node();
+    // Echoed word by word, markers split across pieces as the engine's tokens would be.
+    let answer = "<|channel|>analysis<|message|>The user wants Paris.<|end|><|start|>assistant<|channel|>final<|message|>It is Paris.";
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-oss", answer, json!({})))).await).await;
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], "The user wants Paris.");
+    assert_eq!(message["content"], "It is Paris.", "no marker reaches the content: {whole}");
+    let data =
+        events(call(&n, post("/v1/chat/completions", chat("echo-oss", answer, json!({"stream": true})))).await).await;
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let joined = |field: &str| -> String {
+        chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"][field].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(
+        (joined("reasoning_content"), joined("content")),
+        ("The user wants Paris.".into(), "It is Paris.".into())
+    );
+
+    // A commentary message to a function is a call, on chat and on Anthropic's Messages.
+    let calling = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}";
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-oss", calling, json!({"tools": tools})))).await)
+            .await;
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{whole}");
+    assert_eq!(choice["message"]["reasoning_content"], "Need the weather.");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert!(choice["message"]["content"].as_str().unwrap_or_default().is_empty(), "{whole}");
+    let body = json!({"model": "echo-oss", "max_tokens": 100, "messages": [{"role": "user", "content": calling}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]});
+    let m: Value = body_json(call(&n, post("/v1/messages", body)).await).await;
+    assert_eq!(m["stop_reason"], "tool_use", "{m}");
+    assert_eq!(m["content"][0], json!({"type": "thinking", "thinking": "Need the weather.", "signature": ""}));
+    assert_eq!(
+        (m["content"][1]["name"].as_str(), &m["content"][1]["input"]),
+        (Some("get_weather"), &json!({"city": "Paris"}))
+    );
+
+    let r: Value = body_json(
+        call(
+            &n,
+            post(
+                "/v1/responses",
+                json!({"model": "echo-oss", "input": calling,
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}),
+            ),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(r["output"][0]["content"][0], json!({"type": "reasoning_text", "text": "Need the weather."}), "{r}");
+    assert_eq!(
+        (r["output"][1]["type"].as_str(), r["output"][1]["name"].as_str()),
+        (Some("function_call"), Some("get_weather"))
+    );
+
+    // Without tools offered, a call is not one: its text is the answer.
+    let whole: Value =
+        body_json(call(&n, post("/v1/chat/completions", chat("echo-oss", calling, json!({})))).await).await;
+    assert_eq!(whole["choices"][0]["message"]["content"], "{\"city\": \"Paris\"}", "{whole}");
+    assert_eq!(whole["choices"][0]["finish_reason"], "stop");
+}
+
 #[tokio::test]
 async fn n_choices_and_several_prompts_are_each_a_generation() {
     let n = node("echo-many");

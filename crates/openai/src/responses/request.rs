@@ -394,10 +394,16 @@ fn function_tool(i: usize, t: &Value) -> Result<FunctionTool, ApiError> {
     if parameters.as_ref().is_some_and(|p| !p.is_object()) {
         return Err(ApiError::invalid(&format!("{at}.parameters"), "must be a JSON Schema object"));
     }
+    let strict = match t.get("strict") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid(&format!("{at}.strict"), "must be a boolean")),
+    };
     Ok(FunctionTool {
         name: name.to_owned(),
         description: t.get("description").and_then(Value::as_str).map(str::to_owned),
         parameters,
+        strict,
     })
 }
 

@@ -51,6 +51,28 @@ fn the_chat_answer_is_right_and_greedy_decoding_repeats_it() {
     assert_eq!(info.architecture.as_deref(), Some("llama"));
 }
 
+/// `special_text` (ABI minor 5): control tokens the model generates are written as their text.
+/// Past its answer (end of generation ignored) SmolLM2 writes `<|im_end|>` and a new turn.
+#[test]
+fn control_tokens_are_written_as_text_only_when_asked() {
+    let e = shared();
+    let past_the_end = |id, special_text| {
+        let mut p = greedy(id, CHAT, 24);
+        p.ignore_eos = true;
+        p.special_text = special_text;
+        run(e, &p)
+    };
+    let (plain, plain_pieces, _) = past_the_end(31, false);
+    let (marked, marked_pieces, _) = past_the_end(32, true);
+    assert!(marked.contains("Paris") && marked.contains("<|im_end|>"), "{marked:?}");
+    assert!(!plain.contains("<|im_"), "{plain:?}");
+    // The same tokens, written differently: only the control tokens' pieces differ.
+    assert_eq!(plain_pieces.len(), marked_pieces.len());
+    for (a, b) in plain_pieces.iter().zip(&marked_pieces) {
+        assert!(a == b || (a.is_empty() && b.starts_with("<|") && b.ends_with("|>")), "{a:?} / {b:?}");
+    }
+}
+
 #[test]
 fn sequences_batched_together_answer_exactly_as_they_do_alone() {
     let prompts = [
