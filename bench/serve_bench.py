@@ -21,6 +21,10 @@ aiohttp, streaming, fixed seeds) drives both through the same workloads:
   multiturn   one chat of 10 turns over a ~700-token passage, each turn sending the whole
               conversation so far with the server's own answers: TTFT of turn 1 and of turns 2-10
 
+and each server's memory: the KV cache its llama.cpp allocated (as llama.cpp reports it:
+llama-server's log, llmr's `llmr_kv_cache_bytes`) and its resident set with its engine workers
+after the workloads.
+
 It prints one table per model with both servers and the ratio llmr / llama-server per figure, and
 the goals of the serving issue. Every request is bounded (max_tokens, client timeouts) and every
 workload is bounded in count and time.
@@ -654,6 +658,44 @@ def cpu_jiffies(pid=None):
     return sum(stats[p][1] for p in tree if p in stats)
 
 
+def tree_rss_mib(pid):
+    """Resident memory of a process and its descendants (llmr's engine workers), in MiB."""
+    parents, rss = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = open(f"/proc/{entry}/status").read()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            parents[int(entry)] = int(fields["PPid"])
+            rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0])
+    tree, grew = {pid}, True
+    while grew:
+        grew = False
+        for p, ppid in parents.items():
+            if ppid in tree and p not in tree:
+                tree.add(p)
+                grew = True
+    return sum(rss.get(p, 0) for p in tree) / 1024
+
+
+KV_SIZE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB")
+
+
+async def kv_cache_mib(kind, srv, session):
+    """The KV cache the server's llama.cpp allocated, as llama.cpp reported it: llama-server logs
+    it (one line per cache: a sliding-window model has two), llmr serves it as
+    `llmr_kv_cache_bytes` (its plugin reads the same report)."""
+    if kind == "llama-server":
+        sizes = [float(m) for m in KV_SIZE.findall(srv.log_path.read_text(errors="replace"))]
+        return sum(sizes) if sizes else None
+    async with session.get(f"http://127.0.0.1:{srv.port}/metrics") as r:
+        text = await r.text()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmr_kv_cache_bytes{")]
+    return sum(values) / (1 << 20) if values else None
+
+
 class Server:
     def __init__(self, kind, cmd, port, logdir):
         self.kind, self.cmd, self.port = kind, cmd, port
@@ -757,6 +799,8 @@ async def run_server(kind, a, exe, model_path, alias, corpus, sz, logdir):
             figures["server_cpu"] = (cpu_jiffies(srv.proc.pid) - srv0) / hz / wall
             figures["measure_s"] = wall
             figures["requests"] = cl.requests
+            figures["kv_cache_mib"] = await kv_cache_mib(kind, srv, session)
+            figures["rss_mib"] = tree_rss_mib(srv.proc.pid)
     finally:
         srv.stop()
     return figures
@@ -796,6 +840,8 @@ def rows(levels):
           ("info: multi-turn chat: prompt tokens of the last turn", "multiturn.prompt_tokens_last", INFO),
           ("info: input-grounded draft tokens kept / fed", "grounded.acceptance", INFO),
           ("info: input-grounded draft tokens fed per output token", "grounded.drafted_per_token", INFO),
+          ("memory: KV cache allocated, as llama.cpp reports it (MiB)", "kv_cache_mib", LOWER),
+          ("memory: resident after the workloads (MiB)", "rss_mib", LOWER),
           ("info: start to first answer (s)", "startup_s", LOWER),
           ("info: prompt tokens single / shared / long", ("single.prompt_tokens", "shared.prompt_tokens",
                                                             "long.prompt_tokens"), INFO),

@@ -2,12 +2,20 @@
 //!
 //! llama.cpp has one global log callback, so logs go to the logger of the most recently created
 //! instance (in practice a node has one instance per plugin). The last error line is kept so
-//! that a failed model load can say why (llama.cpp only returns NULL).
+//! that a failed model load can say why (llama.cpp only returns NULL), and the sizes llama.cpp
+//! reports for the KV caches it allocates are added up for the thread creating a context (it has
+//! no call that returns them), so `metrics` reports the cache's real size.
 
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llmr_engine_sdk::Logger;
+use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Mutex, OnceLock};
+
+thread_local! {
+    /// MiB of KV (and recurrent state) caches llama.cpp reported allocating on this thread.
+    static KV_MIB: Cell<f64> = const { Cell::new(0.0) };
+}
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
 static LOGGER: Mutex<Option<Logger>> = Mutex::new(None);
@@ -36,6 +44,20 @@ pub fn last_error() -> String {
     LAST_ERROR.lock().unwrap().clone()
 }
 
+/// Bytes of cache llama.cpp reported allocating on this thread since the last call: around a
+/// context's creation, its KV cache (both caches of a sliding-window model, added up).
+pub fn take_kv_bytes() -> u64 {
+    (KV_MIB.with(|m| m.replace(0.0)) * 1024.0 * 1024.0).round() as u64
+}
+
+/// The MiB of a cache llama.cpp reports allocating (`llama_kv_cache: size =  96.00 MiB (...`).
+fn cache_mib(line: &str) -> Option<f64> {
+    let rest = ["llama_kv_cache: size = ", "llama_memory_recurrent: size = "]
+        .iter()
+        .find_map(|head| line.strip_prefix(head))?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
 unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *const c_char, _: *mut c_void) {
     if text.is_null() {
         return;
@@ -44,6 +66,9 @@ unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *
     let line = text.trim_end();
     if line.is_empty() {
         return;
+    }
+    if let Some(mib) = cache_mib(line) {
+        KV_MIB.with(|m| m.set(m.get() + mib));
     }
     let level = match level {
         llama_cpp_sys_2::GGML_LOG_LEVEL_ERROR => {
@@ -61,5 +86,16 @@ unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *
     };
     if let Some(logger) = LOGGER.lock().unwrap().as_ref() {
         logger.log(level, line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cache_sizes_are_read_from_llama_cpp_s_report() {
+        let line = "llama_kv_cache: size =   96.00 MiB (  8192 cells,   3 layers,  4/4 seqs), K (f16):   48.00 MiB, V (f16):   48.00 MiB";
+        assert_eq!(super::cache_mib(line), Some(96.0));
+        assert_eq!(super::cache_mib("llama_memory_recurrent: size =    1.50 MiB (     1 cells, ..."), Some(1.5));
+        assert_eq!(super::cache_mib("llama_context: n_ctx = 8192"), None);
     }
 }

@@ -47,6 +47,11 @@ const DEFAULT_PREFILL_STALL: f64 = 4.0;
 /// of a small model, a handful of 1,000-token ones of an 8B (about 128 KiB a token with f16 keys
 /// and values).
 const DEFAULT_PREFIX_CACHE_MIB: u32 = 512;
+/// Context checkpoints per slot (sliding-window models with a window-sized cache): where the last
+/// prompts ended. A follow-up turn resumes from the live cache; a checkpoint serves one that
+/// parts from it further back than the window (a client that edits or drops an earlier answer,
+/// a template that drops the last answer's thinking).
+const DEFAULT_CTX_CHECKPOINTS: u32 = 2;
 
 struct LoadedModel {
     model: Arc<LlamaModel>,
@@ -80,6 +85,7 @@ impl LoadedModel {
 struct LoadDefaults {
     kv_type: Option<KvType>,
     threads: Option<u32>,
+    swa_full: bool,
     step: StepSettings,
 }
 
@@ -165,6 +171,7 @@ impl LlamaCppEngine {
             sampling: req.sampling.clone(),
             mask,
             ignore_eos: req.ignore_eos,
+            special_text: req.special_text,
             tokens,
             events: tx,
             cancel: cancel.clone(),
@@ -186,7 +193,8 @@ impl Engine for LlamaCppEngine {
             capabilities: abi::LLMR_CAP_TEXT
                 | abi::LLMR_CAP_EMBEDDING
                 | abi::LLMR_CAP_CONSTRAINED
-                | abi::LLMR_CAP_TOKEN_INPUT,
+                | abi::LLMR_CAP_TOKEN_INPUT
+                | abi::LLMR_CAP_SPECIAL_TEXT,
         };
         &INFO
     }
@@ -221,17 +229,27 @@ impl Engine for LlamaCppEngine {
             Some(v) => settings::parse_draft_threshold(v)?,
             None => None,
         };
+        let swa_full = match config.params.get("swa_full") {
+            Some(v) => settings::parse_swa_full(v)?,
+            None => false,
+        };
+        let ctx_checkpoints = match config.params.get("ctx_checkpoints") {
+            Some(v) => settings::parse_ctx_checkpoints(v)?,
+            None => DEFAULT_CTX_CHECKPOINTS,
+        };
         Ok(LlamaCppEngine {
             config,
             defaults: Mutex::new(LoadDefaults {
                 kv_type: None,
                 threads: None,
+                swa_full,
                 step: StepSettings {
                     prefill_chunk: chunk,
                     prefill_stall: stall,
                     prefix_cache_mib,
                     draft_max,
                     draft_threshold,
+                    ctx_checkpoints,
                 },
             }),
             models: RwLock::default(),
@@ -263,6 +281,7 @@ impl Engine for LlamaCppEngine {
             ctx_per_seq: ctx_per_seq.max(16),
             threads: defaults.threads.unwrap_or_else(|| self.threads()),
             kv_type: policy_type.or(defaults.kv_type).unwrap_or(KvType::F16),
+            swa_full: defaults.swa_full,
         };
         let stats = Arc::new(Stats::default());
         let scheduler = if meta.is_encoder {
@@ -429,6 +448,7 @@ impl Engine for LlamaCppEngine {
                     "cached_tokens_total": get(&s.cached_tokens_total),
                     "tokens_generated_total": get(&s.tokens_generated_total),
                     "decode_steps_total": get(&s.decode_steps_total),
+                    "stream_runs_total": get(&s.stream_runs_total),
                     "kv_cells_used": get(&s.kv_cells_used),
                     "kv_cells_total": get(&s.kv_cells_total),
                     // KV positions in use per level of the staged cache (spec 002): one type for all.
@@ -448,6 +468,16 @@ impl Engine for LlamaCppEngine {
                     "draft_accepted_total": get(&s.draft_accepted_total),
                     "kv_separate_streams": scheduler::separate_streams(&settings),
                     "kv_cache_type": settings.kv_type.name(),
+                    // The KV cache llama.cpp allocated for the context (both caches of a
+                    // sliding-window model), as llama.cpp reported it.
+                    "kv_bytes": get(&s.kv_bytes),
+                    "kv_swa_full": settings.swa_full,
+                    // Sliding-window caches (window-sized): checkpoints taken and resumed from,
+                    // and prompts read again from the start for want of the window.
+                    "ctx_checkpoints_saved_total": get(&s.ctx_checkpoints_saved_total),
+                    "ctx_checkpoints_restored_total": get(&s.ctx_checkpoints_restored_total),
+                    "ctx_checkpoint_bytes": get(&s.ctx_checkpoint_bytes),
+                    "window_reprocessed_total": get(&s.window_reprocessed_total),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
                     "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,
                 })
@@ -461,6 +491,7 @@ impl Engine for LlamaCppEngine {
             "tokens_generated_total": sum("tokens_generated_total"),
             "kv_cells_used": sum("kv_cells_used"),
             "kv_cells_total": sum("kv_cells_total"),
+            "kv_bytes": sum("kv_bytes"),
             "prefix_cache_bytes": sum("prefix_cache_bytes"),
             "models": per_model,
         }))
@@ -480,6 +511,8 @@ impl Engine for LlamaCppEngine {
                     Change::PrefixCacheMib(n) => d.step.prefix_cache_mib = n,
                     Change::DraftMax(n) => d.step.draft_max = n,
                     Change::DraftThreshold(t) => d.step.draft_threshold = t,
+                    Change::SwaFull(b) => d.swa_full = b,
+                    Change::CtxCheckpoints(n) => d.step.ctx_checkpoints = n,
                 }
                 self.models.read().unwrap().values().cloned().collect()
             }
@@ -490,11 +523,13 @@ impl Engine for LlamaCppEngine {
                 match change {
                     Change::KvType(t) => s.kv_type = t,
                     Change::Threads(n) => s.threads = n,
+                    Change::SwaFull(b) => s.swa_full = b,
                     Change::PrefillChunk(_)
                     | Change::PrefillStall(_)
                     | Change::PrefixCacheMib(_)
                     | Change::DraftMax(_)
-                    | Change::DraftThreshold(_) => {}
+                    | Change::DraftThreshold(_)
+                    | Change::CtxCheckpoints(_) => {}
                 }
             }
             if let Some(w) = m.scheduler.lock().unwrap().as_ref() {

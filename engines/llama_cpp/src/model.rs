@@ -146,6 +146,13 @@ fn sampling_defaults(model: &LlamaModel) -> Option<SamplingDefaults> {
     (!defaults.is_empty()).then_some(defaults)
 }
 
+/// The sliding window of the model's windowed attention layers, in tokens (GGUF
+/// `{arch}.attention.sliding_window`); 0 for a model without one.
+pub fn sliding_window(model: &LlamaModel) -> u32 {
+    let arch = meta(model, "general.architecture").unwrap_or_default();
+    meta(model, &format!("{arch}.attention.sliding_window")).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 /// Tokenizes with the model's own tokenizer.
 pub fn tokenize(model: &LlamaModel, text: &str, add_bos: bool, parse_special: bool) -> Vec<LlamaToken> {
     model.vocab().tokenize(text.as_bytes(), add_bos, parse_special)

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod prefixes;
+mod window;
 
 /// A generation request, tokenized by the caller.
 pub struct Job {
@@ -57,6 +58,8 @@ pub struct Job {
     /// The request's constraint, compiled by the caller; `None` for free text.
     pub mask: Option<TokenMask>,
     pub ignore_eos: bool,
+    /// Control tokens are written as their text (`LLMR_INFER_SPECIAL_TEXT`).
+    pub special_text: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
 }
@@ -93,6 +96,19 @@ pub struct Stats {
     /// Draft tokens fed for speculative decoding, and those the sampler kept.
     pub draft_tokens_total: AtomicU64,
     pub draft_accepted_total: AtomicU64,
+    /// Runs of consecutive sequence ids in each step's batch, added up: between separate KV
+    /// streams llama.cpp decodes each run as a forward pass of its own (more where prompt chunks
+    /// of different lengths share a step), so this over `decode_steps_total` is the passes a step
+    /// takes. One a step in a unified cache.
+    pub stream_runs_total: AtomicU64,
+    /// The KV cache llama.cpp allocated for the context, as it reported it.
+    pub kv_bytes: AtomicU64,
+    /// Window-sized sliding caches (`window.rs`): checkpoints taken, resumed from, the host
+    /// memory they hold, and prompts read from the start for want of the window.
+    pub ctx_checkpoints_saved_total: AtomicU64,
+    pub ctx_checkpoints_restored_total: AtomicU64,
+    pub ctx_checkpoint_bytes: AtomicU64,
+    pub window_reprocessed_total: AtomicU64,
 }
 
 struct Active {
@@ -138,6 +154,8 @@ struct Slot {
     active: Option<Active>,
     /// Step at which the slot last finished (for picking which idle cache to overwrite).
     last_used: u64,
+    /// Where its last prompts ended, for a window-sized sliding cache (`window.rs`), oldest first.
+    checkpoints: Vec<window::Checkpoint>,
 }
 
 pub struct Scheduler<'m> {
@@ -156,6 +174,8 @@ pub struct Scheduler<'m> {
     /// What a step costs by its number of tokens: whether draft tokens pay.
     cost: StepCost,
     saved: PrefixStore<LlamaToken, SeqState>,
+    /// The model's sliding window (0: none).
+    n_swa: u32,
 }
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
@@ -185,12 +205,17 @@ pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
         .with_n_threads_batch(s.threads as i32)
         .with_type_k(s.kv_type.llama())
         .with_type_v(s.kv_type.llama())
+        .with_swa_full(s.swa_full)
         .with_no_perf(true)
 }
 
-fn create_context<'m>(model: &'m LlamaModel, s: &ContextSettings) -> Result<LlamaContext<'m>, EngineError> {
+/// A context and the bytes of KV cache llama.cpp allocated for it.
+fn create_context<'m>(model: &'m LlamaModel, s: &ContextSettings) -> Result<(LlamaContext<'m>, u64), EngineError> {
     backend::clear_last_error();
-    model.new_context(backend::backend(), context_params(s)).map_err(|e| {
+    backend::take_kv_bytes();
+    let created = model.new_context(backend::backend(), context_params(s));
+    let kv_bytes = backend::take_kv_bytes();
+    created.map(|ctx| (ctx, kv_bytes)).map_err(|e| {
         let why = backend::last_error();
         EngineError::new(
             ErrorCode::OomRam,
@@ -216,7 +241,10 @@ pub fn run(
     ready: Sender<Result<(), EngineError>>,
 ) {
     let ctx = match create_context(model, &settings) {
-        Ok(ctx) => ctx,
+        Ok((ctx, kv_bytes)) => {
+            stats.kv_bytes.store(kv_bytes, Ordering::Relaxed);
+            ctx
+        }
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
@@ -238,6 +266,7 @@ pub fn run(
         pacer: Pacer::default(),
         cost: StepCost::default(),
         saved: PrefixStore::new(mib(step.prefix_cache_mib)),
+        n_swa: crate::model::sliding_window(model),
     };
     s.reset_slots();
     s.run_loop(commands);
@@ -246,7 +275,7 @@ pub fn run(
 impl<'m> Scheduler<'m> {
     fn reset_slots(&mut self) {
         self.slots = (0..self.settings.slots as i32)
-            .map(|seq| Slot { seq, cached: Vec::new(), active: None, last_used: 0 })
+            .map(|seq| Slot { seq, cached: Vec::new(), active: None, last_used: 0, checkpoints: Vec::new() })
             .collect();
         self.batch = LlamaBatch::new(
             self.step.prefill_chunk as usize + self.settings.slots as usize,
@@ -325,6 +354,12 @@ impl<'m> Scheduler<'m> {
                 self.step.draft_threshold = t;
                 true
             }
+            // Each slot keeps its latest `n` checkpoints.
+            Command::Change(Change::CtxCheckpoints(n)) => {
+                self.step.ctx_checkpoints = n;
+                self.trim_checkpoints();
+                true
+            }
             Command::Change(Change::PrefillChunk(n)) => {
                 self.step.prefill_chunk = n;
                 self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
@@ -357,22 +392,30 @@ impl<'m> Scheduler<'m> {
             match c {
                 Change::KvType(t) => next.kv_type = t,
                 Change::Threads(n) => next.threads = n,
+                Change::SwaFull(b) => next.swa_full = b,
                 Change::PrefillChunk(_)
                 | Change::PrefillStall(_)
                 | Change::PrefixCacheMib(_)
                 | Change::DraftMax(_)
-                | Change::DraftThreshold(_) => {}
+                | Change::DraftThreshold(_)
+                | Change::CtxCheckpoints(_) => {}
             }
         }
         if next == self.settings {
             return;
         }
         match create_context(self.model, &next) {
-            Ok(ctx) => {
+            Ok((ctx, kv_bytes)) => {
                 self.ctx = ctx;
                 self.settings = next;
+                self.stats.kv_bytes.store(kv_bytes, Ordering::Relaxed);
                 self.reset_slots();
-                self.logger.info(&format!("context rebuilt: kv {} threads {}", next.kv_type.name(), next.threads));
+                self.logger.info(&format!(
+                    "context rebuilt: kv {} threads {} swa_full {}",
+                    next.kv_type.name(),
+                    next.threads,
+                    next.swa_full
+                ));
             }
             Err(e) => self.logger.error(&format!("keeping the old context: {}", e.message)),
         }
@@ -563,8 +606,26 @@ impl<'m> Scheduler<'m> {
         }
         self.steps += 1;
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
+        let runs = if separate_streams(&self.settings) {
+            let in_batch: Vec<usize> =
+                (0..self.slots.len()).filter(|&i| self.slots[i].cached.len() > before[i].cached).collect();
+            prefixes::runs(&in_batch)
+        } else {
+            1
+        };
+        self.stats.stream_runs_total.fetch_add(runs as u64, Ordering::Relaxed);
         let used: usize = self.slots.iter().map(|s| s.cached.len()).sum();
         self.stats.kv_cells_used.store(used as u64, Ordering::Relaxed);
+        // Where a prompt was read to its end, the window layers' state is a checkpoint.
+        for (i, snap) in before.iter().enumerate() {
+            let read = self.slots[i]
+                .active
+                .as_ref()
+                .is_some_and(|a| snap.next_prompt < a.job.tokens.len() && a.next_prompt == a.job.tokens.len());
+            if read {
+                self.checkpoint(i);
+            }
+        }
         for i in 0..self.slots.len() {
             let sample_at = self.slots[i].active.as_ref().and_then(|a| a.batch_idx);
             if let Some(idx) = sample_at {
@@ -683,7 +744,7 @@ impl<'m> Scheduler<'m> {
             finish = Some(FinishReason::Stop);
         } else {
             a.piece.clear();
-            vocab.token_to_piece_into(token, &mut a.piece, false, None);
+            vocab.token_to_piece_into(token, &mut a.piece, a.job.special_text, None);
             let mut decoded = String::new();
             a.utf8.push(&a.piece, &mut decoded);
             text.push_str(a.stops.push(&decoded));
@@ -729,12 +790,10 @@ impl<'m> Scheduler<'m> {
     }
 
     fn fail(&mut self, i: usize, err: EngineError) {
-        let slot = &mut self.slots[i];
-        if let Some(a) = slot.active.take() {
+        if let Some(a) = self.slots[i].active.take() {
             let _ = a.job.events.send(Event::Failed(err));
         }
-        let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
-        slot.cached.clear();
+        self.clear_slot(i);
     }
 }
 

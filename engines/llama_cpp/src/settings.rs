@@ -13,6 +13,10 @@ pub struct ContextSettings {
     pub ctx_per_seq: u32,
     pub threads: u32,
     pub kv_type: KvType,
+    /// Sliding-window layers keep every position of every sequence (llama.cpp's `swa_full`),
+    /// instead of each sequence's window plus a batch; a follow-up turn then never needs a
+    /// checkpoint, at several times the memory for models whose layers are mostly sliding.
+    pub swa_full: bool,
 }
 
 /// Settings read at every step (no rebuild).
@@ -33,6 +37,10 @@ pub struct StepSettings {
     /// The chance of being kept a draft token needs; `None`: what one more token costs the step,
     /// as measured (`llmr_sampling::StepCost`).
     pub draft_threshold: Option<f64>,
+    /// Context checkpoints kept per slot for a sliding-window cache that is not full-size: the
+    /// window's state where each prompt ended, so a later prompt that parts from the cache
+    /// further back than the window still holds can resume there (0: none).
+    pub ctx_checkpoints: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +114,8 @@ pub enum Change {
     PrefixCacheMib(u32),
     DraftMax(u32),
     DraftThreshold(Option<f64>),
+    SwaFull(bool),
+    CtxCheckpoints(u32),
 }
 
 fn unsupported(msg: String) -> EngineError {
@@ -131,8 +141,10 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
         "prefix_cache_mib" => parse_prefix_cache_mib(value).map(Change::PrefixCacheMib),
         "speculative_draft_max" => parse_draft_max(value).map(Change::DraftMax),
         "speculative_threshold" => parse_draft_threshold(value).map(Change::DraftThreshold),
+        "swa_full" => parse_swa_full(value).map(Change::SwaFull),
+        "ctx_checkpoints" => parse_ctx_checkpoints(value).map(Change::CtxCheckpoints),
         _ => Err(unsupported(format!(
-            "unknown setting `{key}` (known: kv_cache_type, kv_policy, threads, prefill_chunk, prefill_stall, prefix_cache_mib, speculative_draft_max, speculative_threshold)"
+            "unknown setting `{key}` (known: kv_cache_type, kv_policy, threads, prefill_chunk, prefill_stall, prefix_cache_mib, speculative_draft_max, speculative_threshold, swa_full, ctx_checkpoints)"
         ))),
     }
 }
@@ -147,6 +159,20 @@ pub fn parse_stall(value: &serde_json::Value) -> Result<f64, EngineError> {
         .as_f64()
         .filter(|v| (1.0..=1e6).contains(v))
         .ok_or_else(|| unsupported(format!("`prefill_stall` takes a number from 1 to 1000000 or \"off\", got {value}")))
+}
+
+/// `swa_full`: a boolean.
+pub fn parse_swa_full(value: &serde_json::Value) -> Result<bool, EngineError> {
+    value.as_bool().ok_or_else(|| unsupported(format!("`swa_full` takes true or false, got {value}")))
+}
+
+/// `ctx_checkpoints`: 0 (none) to 64 per slot.
+pub fn parse_ctx_checkpoints(value: &serde_json::Value) -> Result<u32, EngineError> {
+    value
+        .as_u64()
+        .filter(|&v| v <= 64)
+        .map(|v| v as u32)
+        .ok_or_else(|| unsupported(format!("`ctx_checkpoints` takes an integer from 0 to 64, got {value}")))
 }
 
 /// `prefix_cache_mib`: 0 (off) to 1 TiB.
@@ -190,6 +216,16 @@ mod tests {
         for bad in [json!(0.5), json!("fast"), json!(null)] {
             let e = parse_change("prefill_stall", &bad).unwrap_err();
             assert!(e.message.contains("prefill_stall"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn sliding_window_settings_take_their_ranges() {
+        assert_eq!(parse_change("swa_full", &json!(true)).unwrap(), Change::SwaFull(true));
+        assert_eq!(parse_change("ctx_checkpoints", &json!(0)).unwrap(), Change::CtxCheckpoints(0));
+        for (key, bad) in [("swa_full", json!("yes")), ("ctx_checkpoints", json!(65)), ("ctx_checkpoints", json!(-1))] {
+            let e = parse_change(key, &bad).unwrap_err();
+            assert!(e.message.contains(key), "{}", e.message);
         }
     }
 

@@ -109,6 +109,29 @@ fn greedy_chat_answer_is_stable_and_correct() {
     assert_eq!(res.prompt_tokens, exact, "usage comes from the tokenizer");
 }
 
+/// `special_text` (ABI minor 5): control tokens the model generates are written as their text.
+/// Past its answer (end of generation ignored) SmolLM2 writes `<|im_end|>` and a new turn.
+#[test]
+fn control_tokens_are_written_as_text_only_when_asked() {
+    // An engine of its own, one sequence, no drafts: both runs decode in the same batch shapes.
+    let engine = private_engine(1);
+    let past_the_end = |id, special_text| {
+        let mut p = greedy(id, CHAT, 24);
+        p.ignore_eos = true;
+        p.special_text = special_text;
+        p.sampling.speculative = false;
+        generate_on(&engine, &p)
+    };
+    let (plain, plain_pieces, _) = past_the_end(31, false);
+    let (marked, marked_pieces, _) = past_the_end(32, true);
+    assert!(marked.contains("Paris") && marked.contains("<|im_end|>"), "{marked:?}");
+    assert!(!plain.contains("<|im_"), "{plain:?}");
+    assert_eq!(plain_pieces.len(), marked_pieces.len());
+    for (a, b) in plain_pieces.iter().zip(&marked_pieces) {
+        assert!(a == b || (a.is_empty() && b.starts_with("<|") && b.ends_with("|>")), "{a:?} / {b:?}");
+    }
+}
+
 #[test]
 fn streaming_delivers_many_pieces_that_concatenate_to_the_whole_answer() {
     let engine = private_engine(2);
@@ -817,4 +840,138 @@ fn prompts_and_embedding_inputs_given_as_token_ids_read_as_their_text_does() {
         .unwrap();
     assert_eq!(counted as usize, ids.len());
     assert_eq!(by_text, by_ids, "the same tokens, the same vector");
+}
+
+/// Gemma 3 (sliding-window layers of 512 tokens) on a window-sized cache, llama.cpp's `swa_full`
+/// off: a follow-up turn goes on from the live cache; a prompt that parts from the cache further
+/// back than the window still holds resumes from the checkpoint taken where an earlier prompt
+/// ended, or, with checkpoints off, is read again from the start. Every answer is the one a
+/// fresh instance gives the same prompt, and the cache is several times smaller than a
+/// full-size one.
+#[test]
+fn a_sliding_window_cache_resumes_from_its_window_or_a_checkpoint() {
+    let hamlet = std::fs::read_to_string(model_path("corpus/hamlet_gut.txt")).unwrap();
+    let words: Vec<&str> = hamlet.split_whitespace().collect();
+    let passage = |from: usize, n: usize| words[from..from + n].join(" ");
+    let turn = |user: &str| format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n");
+    let gemma = |config: InstanceConfig| {
+        let engine = EngineInstance::create(&plugin(), &config).unwrap();
+        let p = model_path("gemma-3-270m-q4_k_m.gguf");
+        engine.load_model(&ModelSpec::new("g", Format::Gguf, p.display().to_string())).unwrap();
+        engine
+    };
+    let config = InstanceConfig { slots: 1, context_length: 8192, ..Default::default() };
+    let ask = |engine: &EngineInstance, id: u64, prompt: &str| {
+        let mut p = greedy_on("g", id, prompt, 12);
+        p.sampling.speculative = false;
+        generate_on(engine, &p)
+    };
+    let head = |t: &str| t.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+    let fresh = |prompt: &str| ask(&gemma(config.clone()), 1, prompt).0;
+
+    let engine = gemma(config.clone());
+    let stats = || model_stats(&engine, "g");
+    assert_eq!(stats()["kv_swa_full"], false);
+    // Turn 1: ~350 tokens of Hamlet and a question.
+    let first = turn(&format!("{}\n\nWho speaks first in this passage?", passage(3000, 250)));
+    let (answer, _, _) = ask(&engine, 2, &first);
+    let first_len = engine.tokenize("g", &first, true, true).unwrap().len() as u32;
+    assert_eq!(stats()["ctx_checkpoints_saved_total"], 1, "{}", stats());
+
+    // Turn 2 goes on from the whole conversation, with another ~1,400 tokens of text: the cache
+    // ends where the conversation does, so the window there is held.
+    let second =
+        format!("{first}{answer}<end_of_turn>\n{}", turn(&format!("{}\n\nAnd who speaks last?", passage(5000, 1000))));
+    let (text, _, res) = ask(&engine, 3, &second);
+    assert!(res.cached_tokens > first_len, "cached {} of a {first_len}-token first turn", res.cached_tokens);
+    assert_eq!(head(&text), head(&fresh(&second)), "turn 2");
+    assert_eq!(
+        (stats()["ctx_checkpoints_restored_total"].as_u64(), stats()["window_reprocessed_total"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    // A prompt that keeps turn 1 and drops turn 2 parts from the cache ~650 tokens before its
+    // end, further back than the window (512) and the batch of slack it holds: it resumes from
+    // turn 1's checkpoint.
+    let other = format!("{first}{answer}<end_of_turn>\n{}", turn("Summarise it in one line."));
+    let (text, _, res) = ask(&engine, 4, &other);
+    assert_eq!(stats()["ctx_checkpoints_restored_total"], 1, "{}", stats());
+    assert!(res.cached_tokens >= first_len, "resumed at {} of {first_len}", res.cached_tokens);
+    assert_eq!(head(&text), head(&fresh(&other)), "after a checkpoint");
+
+    // With checkpoints off, the same cut reads the prompt again from the start (the saved copies
+    // of these caches in host memory hold only the window before their ends, which neither
+    // prompt goes on from).
+    engine.set_config(Some("g"), "ctx_checkpoints", &serde_json::json!(0)).unwrap();
+    ask(&engine, 5, &second);
+    let reprocessed = stats()["window_reprocessed_total"].as_u64().unwrap();
+    let (text, _, res) = ask(&engine, 6, &other);
+    assert_eq!(res.cached_tokens, 0);
+    assert_eq!(stats()["window_reprocessed_total"].as_u64(), Some(reprocessed + 1), "{}", stats());
+    assert_eq!(head(&text), head(&fresh(&other)), "read again");
+
+    // The window-sized cache against a full-size one, as llama.cpp allocated them.
+    let window_bytes = stats()["kv_bytes"].as_u64().unwrap();
+    let full = gemma(config.clone());
+    full.set_config(Some("g"), "swa_full", &serde_json::json!(true)).unwrap();
+    ask(&full, 7, "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+    let full_bytes = model_stats(&full, "g")["kv_bytes"].as_u64().unwrap();
+    eprintln!("Gemma 3 KV cache at 8192 tokens: window-sized {window_bytes} bytes, full-size {full_bytes} bytes");
+    assert!(window_bytes > 0 && full_bytes > 3 * window_bytes, "window {window_bytes}, full {full_bytes}");
+}
+
+/// Between separate KV streams llama.cpp decodes each run of consecutive sequence ids as a
+/// forward pass of its own, so a request joins the slot that keeps the running ones together,
+/// not the one holding its longest prefix or the least recently used: here that slot is two away
+/// from the running one, and the two sequences still decode in one forward pass a step.
+#[test]
+fn running_sequences_are_kept_on_consecutive_slots() {
+    let engine = engine_with("c", InstanceConfig { slots: 4, context_length: 2048, ..Default::default() });
+    assert_eq!(model_stats(&engine, "c")["kv_separate_streams"], true);
+    // Four unrelated prompts one after another take the four slots, the last one first: slot 3
+    // is now the least recently used, and slot 1 holds the third prompt.
+    let warm = [
+        "Alpha: the river bends twice before the sea.",
+        "Beta: a quiet morning in the old market square.",
+        "Gamma: the committee met on Tuesday to discuss the new library budget and its schedule.",
+        "Delta: snow fell on the northern pass all night.",
+    ];
+    // (No BOS: prompts that share nothing keep a slot's cache from looking like a prefix.)
+    for (i, q) in warm.iter().enumerate() {
+        let p = InferParams { add_bos: false, ..greedy_on("c", 80 + i as u64, q, 2) };
+        generate_on(&engine, &p);
+    }
+    let counters = || {
+        let s = model_stats(&engine, "c");
+        (s["decode_steps_total"].as_u64().unwrap(), s["stream_runs_total"].as_u64().unwrap())
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let long = |id: u64, prompt: String, started: std::sync::mpsc::Sender<()>| {
+        let mut p = greedy_on("c", id, &prompt, 1500);
+        (p.ignore_eos, p.add_bos) = (true, false);
+        p.sampling.speculative = false;
+        engine.infer(&p, |_| {
+            let _ = started.send(());
+            !stop.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    };
+    std::thread::scope(|s| {
+        // The first long request takes the least recently used slot (3); the second shares the
+        // third prompt, held by slot 1, but joins slot 2.
+        let (first, first_rx) = std::sync::mpsc::channel();
+        let a = s.spawn(|| long(90, "Count from one to five hundred, slowly:".into(), first));
+        first_rx.recv().unwrap();
+        let (second, second_rx) = std::sync::mpsc::channel();
+        let b = s.spawn(|| long(91, format!("{} Then list every member who spoke:", warm[2]), second));
+        second_rx.recv().unwrap();
+        let (steps0, runs0) = counters();
+        while counters().0 < steps0 + 40 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let (steps1, runs1) = counters();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+        assert_eq!(runs1 - runs0, steps1 - steps0, "forward passes per step while both run");
+    });
 }

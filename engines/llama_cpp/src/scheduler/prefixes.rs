@@ -2,11 +2,25 @@
 //! `seq_cp`, and the saved prefixes of `llmr_sampling::PrefixStore` (copied out when a request
 //! is admitted, copied back by `state_seq_set`).
 
+use super::window::window_intact;
 use super::{separate_streams, Scheduler};
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::token::LlamaToken;
 use llmr_sampling::common_prefix;
 use std::sync::atomic::Ordering;
+
+/// How many runs of consecutive ids the sequences `running` (ascending) and `joining` make.
+pub(super) fn runs_with(running: &[usize], joining: usize) -> usize {
+    let mut ids: Vec<usize> = running.iter().copied().chain([joining]).collect();
+    ids.sort_unstable();
+    runs(&ids)
+}
+
+/// Runs of consecutive values in ascending `ids`: the forward passes llama.cpp makes of a step
+/// over separate KV streams.
+pub(super) fn runs(ids: &[usize]) -> usize {
+    ids.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(!ids.is_empty())
+}
 
 /// Idle caches shorter than this are dropped, not saved: reading them again costs little.
 const MIN_SAVED_TOKENS: usize = 32;
@@ -20,14 +34,23 @@ const MIN_COPIED_TOKENS: usize = 64;
 
 impl Scheduler<'_> {
     /// The free slot a job should take: the one whose cache shares the longest prefix with it,
-    /// else the least recently used.
+    /// else the least recently used. Between separate KV streams, first one that keeps the
+    /// running sequences in as few runs of consecutive ids as it can: llama.cpp decodes each run
+    /// as a forward pass of its own (`split_equal` takes consecutive sequence ids only), so
+    /// sequences on slots 0 and 2 cost two passes a step where slots 0 and 1 cost one. A prefix
+    /// held by a slot passed over is copied from it (`reuse_prefix`).
     pub(super) fn free_slot_for(&self, tokens: Option<&[LlamaToken]>) -> Option<usize> {
         let tokens = tokens?;
+        let separate = separate_streams(&self.settings);
+        let running: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_some()).collect();
         self.slots
             .iter()
             .enumerate()
             .filter(|(_, s)| s.active.is_none())
-            .max_by_key(|(_, s)| (common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used)))
+            .max_by_key(|(i, s)| {
+                let runs = if separate { runs_with(&running, *i) } else { 0 };
+                (std::cmp::Reverse(runs), common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used))
+            })
             .map(|(i, _)| i)
     }
 
@@ -46,16 +69,19 @@ impl Scheduler<'_> {
             .unwrap_or((target, 0));
         if let Some((entry, n)) = self.saved.best(tokens) {
             let n = n.min(limit);
-            // A restore copies the whole saved sequence: worth it only for a good part of it.
-            let worth = n >= MIN_RESTORED_TOKENS && n * 4 >= self.saved.tokens_len(entry);
+            let saved_len = self.saved.tokens_len(entry);
+            // A restore copies the whole saved sequence: worth it only for a good part of it. A
+            // window-sized sliding cache saves only the window before its end (`window.rs`).
+            let worth = n >= MIN_RESTORED_TOKENS && n * 4 >= saved_len && (self.window() == 0 || n + 1 >= saved_len);
             if n > own.max(best) && worth && self.restore(target, entry, n) {
                 return n;
             }
         }
         let seq = self.slots[target].seq;
         let separate = separate_streams(&self.settings);
-        // Between separate streams llama.cpp copies the whole stream (it takes no range).
-        if best > own && (!separate || best >= own + MIN_COPIED_TOKENS) {
+        // Between separate streams llama.cpp copies the whole stream (it takes no range). A
+        // window-sized sliding cache must still hold the window where the prefix ends.
+        if best > own && (!separate || best >= own + MIN_COPIED_TOKENS) && self.intact_at(best_src, best) {
             let src = self.slots[best_src].seq;
             let copied = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None).is_ok()
                 && if separate {
@@ -65,35 +91,32 @@ impl Scheduler<'_> {
                     // Shares the other sequence's cells for the prefix (no copy of the data).
                     self.ctx.kv_cache_seq_cp(src, seq, Some(0), Some(best as u32)).is_ok()
                 };
+            // The target's own checkpoints describe the cache the copy replaced.
+            self.forget_checkpoints(target, 0);
             if copied {
                 self.stats.prefix_copies_total.fetch_add(1, Ordering::Relaxed);
                 self.slots[target].cached = tokens[..best].to_vec();
                 return best;
             }
-            // A cache that cannot drop a suffix (sliding window): start over below.
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            self.slots[target].cached.clear();
+            // A cache that cannot drop a suffix (recurrent state): start over below.
+            self.clear_slot(target);
             return 0;
         }
-        if self.ctx.kv_cache_seq_rm(seq, Some(own as u32), None).is_ok() {
-            self.slots[target].cached.truncate(own);
-            own
-        } else {
-            // Some caches (sliding window, recurrent) cannot drop a suffix: start over.
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            self.slots[target].cached.clear();
-            0
-        }
+        // Its own cache, cut back to what the job shares (or to a checkpoint before it, or to
+        // nothing: see `window.rs`).
+        self.rewind(target, own)
     }
 
     /// Loads saved entry `entry` into slot `target`, keeping its first `n` tokens.
     fn restore(&mut self, target: usize, entry: usize, n: usize) -> bool {
         let seq = self.slots[target].seq;
-        let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-        self.slots[target].cached.clear();
+        self.clear_slot(target);
+        let window = self.window();
         let (tokens, state) = self.saved.get(entry);
-        let restored =
-            self.ctx.state_seq_set(state, seq).is_ok() && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
+        // A window-sized sliding cache saved further on may no longer hold the window at `n`.
+        let restored = self.ctx.state_seq_set(state, seq).is_ok()
+            && window_intact(self.ctx.kv_cache_seq_pos_min(seq), n, window)
+            && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
         if !restored {
             // No room for its cells (or a state llama.cpp refused): read the prompt instead.
             let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
@@ -131,11 +154,27 @@ impl Scheduler<'_> {
                 continue;
             }
             self.save(i);
-            let seq = self.slots[i].seq;
-            let _ = self.ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-            self.slots[i].cached.clear();
+            self.clear_slot(i);
             freed = true;
         }
         freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{runs, runs_with};
+
+    #[test]
+    fn sequences_count_as_runs_of_consecutive_ids() {
+        assert_eq!(runs(&[]), 0);
+        assert_eq!(runs(&[3]), 1);
+        assert_eq!(runs(&[0, 1, 2]), 1);
+        assert_eq!(runs(&[0, 2]), 2);
+        assert_eq!(runs(&[0, 1, 3, 5, 6]), 3);
+        // Slot 1 joins 0 and 2 into one run; slot 3 would leave two.
+        assert_eq!(runs_with(&[0, 2], 1), 1);
+        assert_eq!(runs_with(&[0, 2], 3), 2);
+        assert_eq!(runs_with(&[], 3), 1);
     }
 }
