@@ -11,7 +11,7 @@ model (`tool_choice: auto`) with `strict` tools and, as the baseline, without: e
 valid and no broken call may be left in the content (failures of the baseline are reported, not
 failed on).
 
-  ~/.cache/llmr/venv-e2e/bin/python bench/structured_eval.py [--samples 200] [--models smollm2,qwen]
+  ~/.cache/llmr/venv-e2e/bin/python bench/structured_eval.py [--samples 200] [--models smollm2,qwen] [--only auto]
 
 (`jsonschema` is pinned in tests/e2e/requirements.txt; tests/e2e/run.sh makes that venv.) Needs
 `cargo build -p llmr`, scripts/install-engines and scripts/fetch-models smollm2 qwen2.5 gemma3.
@@ -179,6 +179,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--models", default="smollm2,qwen,gemma3")
+    ap.add_argument("--only", default=None, help="run only the checks whose name contains this (e.g. auto)")
     args = ap.parse_args()
     served = []
     for name in args.models.split(","):
@@ -196,6 +197,7 @@ def main():
                 checks.append((alias, "tool_choice named", lambda seed, a=alias: tool_answer(url, a, seed, named)))
                 checks.append((alias, "auto, strict tools", lambda seed, a=alias: auto_answer(url, a, seed, True)))
                 checks.append((alias, "auto (not strict)", lambda seed, a=alias: auto_answer(url, a, seed, False)))
+        checks = [c for c in checks if args.only is None or args.only in c[1]]
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             for alias, what, answer in checks:
                 results = list(pool.map(answer, range(args.samples)))

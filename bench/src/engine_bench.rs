@@ -187,7 +187,9 @@ fn strict_tool_grammar() -> Constraint {
 /// The engine's mask counters: (constrained tokens, seconds in the mask).
 fn mask_counters(engine: &Engine) -> Result<(f64, f64)> {
     let m = engine.metrics()?;
-    let read = |key: &str| m[key].as_f64().unwrap_or(0.0);
+    // The figures are per model (under `models`) or the engine's own.
+    let models = m["models"].as_array().cloned().unwrap_or_default();
+    let read = |key: &str| m[key].as_f64().unwrap_or(0.0) + models.iter().filter_map(|x| x[key].as_f64()).sum::<f64>();
     Ok((read("constrained_tokens_total"), read("constraint_seconds_total")))
 }
 

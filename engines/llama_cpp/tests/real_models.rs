@@ -943,7 +943,7 @@ fn running_sequences_are_kept_on_consecutive_slots() {
     }
     let counters = || {
         let s = model_stats(&engine, "c");
-        (s["decode_steps_total"].as_u64().unwrap(), s["stream_runs_total"].as_u64().unwrap())
+        (s["decode_steps_total"].as_u64().unwrap(), s["stream_runs_total"].as_u64().unwrap_or(0))
     };
     let stop = std::sync::atomic::AtomicBool::new(false);
     let long = |id: u64, prompt: String, started: std::sync::mpsc::Sender<()>| {
@@ -964,14 +964,16 @@ fn running_sequences_are_kept_on_consecutive_slots() {
         let (second, second_rx) = std::sync::mpsc::channel();
         let b = s.spawn(|| long(91, format!("{} Then list every member who spoke:", warm[2]), second));
         second_rx.recv().unwrap();
-        let (steps0, runs0) = counters();
+        let ((steps0, runs0), t0) = (counters(), std::time::Instant::now());
         while counters().0 < steps0 + 40 {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let (steps1, runs1) = counters();
+        let ((steps1, runs1), t1) = (counters(), std::time::Instant::now());
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         a.join().unwrap().unwrap();
         b.join().unwrap().unwrap();
+        let ms = (t1 - t0).as_secs_f64() * 1e3 / (steps1 - steps0) as f64;
+        eprintln!("two sequences: {ms:.2} ms a step, {} runs in {} steps", runs1 - runs0, steps1 - steps0);
         assert_eq!(runs1 - runs0, steps1 - steps0, "forward passes per step while both run");
     });
 }

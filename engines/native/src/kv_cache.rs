@@ -14,6 +14,11 @@
 //!   block's key and this block's tokens). A new request walks its prompt's full blocks through
 //!   the index and starts computing after the last one found. Blocks no sequence uses stay in
 //!   the index, least recently released first to be reused, until the pool needs them.
+//! - Sliding-window layers (Gemma 3, gpt-oss; `with_window`) give back a block's storage once
+//!   every query still to come of the one sequence holding it starts past it
+//!   (`drop_out_of_window`): the cache holds each sequence's window in those layers, not every
+//!   position. Such a block stays in the index for its other layers, and a new request starts
+//!   on a prefix only where the window before its end is still whole in every layer.
 
 pub use crate::kv_levels::{LayerBlock, Level};
 use half::f16;
@@ -90,6 +95,10 @@ pub struct KvPool {
     /// Released blocks still in the index, oldest release first.
     idle: VecDeque<BlockId>,
     index: HashMap<u64, BlockId>,
+    /// The sliding-window layers and their window (`with_window`); none: every layer keeps
+    /// every position.
+    sliding: Vec<usize>,
+    window: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,7 +135,18 @@ impl KvPool {
             free: Vec::new(),
             idle: VecDeque::new(),
             index: HashMap::new(),
+            sliding: Vec::new(),
+            window: 0,
         }
+    }
+
+    /// A pool whose layers `sliding` attend over the last `window` positions only (the query's
+    /// own included), so that their blocks before every window still to come can be dropped.
+    pub fn with_window(mut self, sliding: Vec<usize>, window: usize) -> Self {
+        if window > 0 && !sliding.is_empty() {
+            (self.sliding, self.window) = (sliding, window);
+        }
+        self
     }
 
     /// A pool whose blocks' keys and values live elsewhere (a device buffer of `capacity`
@@ -278,8 +298,67 @@ impl KvPool {
             table.keys.push(key);
             prev = key;
         }
+        // The sliding layers must still hold the window before the prefix's end: give back the
+        // blocks past the last end that has it.
+        while !table.blocks.is_empty() && !self.window_whole(&table.blocks, table.blocks.len() * BLOCK_TOKENS) {
+            let id = table.blocks.pop().expect("not empty");
+            table.keys.pop();
+            self.release(id);
+        }
         table.len = table.blocks.len() * BLOCK_TOKENS;
         table.len
+    }
+
+    /// Whether `blocks` (a sequence's, in order) hold, in every sliding layer, what a query at
+    /// position `end` looks back over.
+    fn window_whole(&self, blocks: &[BlockId], end: usize) -> bool {
+        if self.sliding.is_empty() || !self.stored {
+            return true;
+        }
+        let first = (end + 1).saturating_sub(self.window) / BLOCK_TOKENS;
+        blocks[first.min(blocks.len())..end.div_ceil(BLOCK_TOKENS).min(blocks.len())].iter().all(|&id| {
+            let layers = &self.blocks[id as usize].layers;
+            self.sliding.iter().all(|&l| !matches!(layers[l], LayerBlock::OutOfWindow))
+        })
+    }
+
+    /// Gives back the sliding layers' storage of `table`'s blocks that lie wholly before the
+    /// window of the sequence's next query (at `table.len`: queries only move on), except those
+    /// overlapping `keep` (the window before its prompt's end, so that a later request parting
+    /// from this one just after its prompt still starts there) and those another sequence
+    /// shares. `next` is where the last call stopped (blocks before it are done); returns where
+    /// this one did.
+    pub fn drop_out_of_window(&mut self, table: &BlockTable, keep: std::ops::Range<usize>, next: usize) -> usize {
+        if self.sliding.is_empty() || !self.stored {
+            return next;
+        }
+        let from = (table.len + 1).saturating_sub(self.window);
+        let end = (from / BLOCK_TOKENS).min(table.blocks.len());
+        for index in next..end {
+            let (start, stop) = (index * BLOCK_TOKENS, (index + 1) * BLOCK_TOKENS);
+            if start < keep.end && keep.start < stop {
+                continue;
+            }
+            let id = table.blocks[index] as usize;
+            if self.blocks[id].refs > 1 {
+                continue;
+            }
+            for &l in &self.sliding {
+                let layer = &mut self.blocks[id].layers[l];
+                if matches!(layer, LayerBlock::Evicted | LayerBlock::OutOfWindow) {
+                    continue;
+                }
+                self.held -= layer.bytes();
+                self.lowered -= (layer.level() != Level::F16) as usize;
+                *layer = LayerBlock::OutOfWindow;
+            }
+        }
+        next.max(end)
+    }
+
+    /// The window of the sliding layers (0: none, or every position kept).
+    pub fn window(&self) -> usize {
+        self.window
     }
 
     /// Makes room in `table` for `extra` positions after its last one: all or nothing.
@@ -474,6 +553,40 @@ mod tests {
         t.len = tokens.len();
         pool.publish(&mut t, tokens);
         t
+    }
+
+    #[test]
+    fn sliding_layers_give_back_blocks_out_of_every_window_and_prefixes_keep_theirs() {
+        // Layer 1 slides over 40 positions; layer 0 sees everything.
+        let mut p = pool(16).with_window(vec![1], 40);
+        let f16_block = p.shape().block_bytes();
+        let tokens: Vec<u32> = (0..100).collect();
+        let mut t = filled(&mut p, &tokens);
+        // The next query (position 100) looks back to 61: blocks 0-2 (positions 0-47) are out
+        // of its window in layer 1, except where the window before the prompt's end (20) is kept.
+        let next = p.drop_out_of_window(&t, 0..20, 0);
+        assert_eq!(next, 3);
+        let dropped = |p: &KvPool, t: &BlockTable| {
+            t.blocks.iter().map(|&id| matches!(p.layer(id, 1), LayerBlock::OutOfWindow)).collect::<Vec<_>>()
+        };
+        assert_eq!(dropped(&p, &t), [false, false, true, false, false, false, false]);
+        assert_eq!(p.held_bytes(), 7 * f16_block - f16_block / 2, "one block's layer 1 given back");
+        assert_eq!(p.stored_bytes(), p.held_bytes());
+        assert!(matches!(p.layer(t.blocks[2], 0), LayerBlock::F16 { .. }), "layer 0 keeps every position");
+        // A later call goes on from where the last stopped.
+        t.len = 120;
+        p.reserve(&mut t, 0).unwrap();
+        assert_eq!(p.drop_out_of_window(&t, 0..20, next), 5);
+        assert_eq!(dropped(&p, &t)[..5], [false, false, true, true, true]);
+        // A request may start on a prefix only where layer 1 still holds the window before its
+        // end: ending at 96 needs 57-95 (blocks 3-5: block 3 and 4 are gone), at 32 needs 0-31.
+        let mut long = BlockTable::default();
+        let reused = p.attach_prefix(&mut long, &tokens);
+        assert_eq!(reused, 32);
+        assert_eq!(long.blocks, t.blocks[..2]);
+        p.free_table(&mut long);
+        p.free_table(&mut t);
+        assert_eq!(p.used(), 0);
     }
 
     #[test]

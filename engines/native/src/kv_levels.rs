@@ -44,6 +44,10 @@ pub enum LayerBlock {
         v_min: Box<[f16]>,
     },
     Evicted,
+    /// A sliding-window layer's block that no query of its sequence sees any more (it lies
+    /// wholly before every window still to come): no storage. Not a level: it lowers nothing,
+    /// and the block's other layers keep theirs (`KvPool::drop_out_of_window`).
+    OutOfWindow,
 }
 
 impl LayerBlock {
@@ -59,6 +63,7 @@ impl LayerBlock {
             LayerBlock::Int8 { .. } => Level::Int8,
             LayerBlock::Int4 { .. } => Level::Int4,
             LayerBlock::Evicted => Level::Evicted,
+            LayerBlock::OutOfWindow => Level::F16,
         }
     }
 
@@ -70,7 +75,7 @@ impl LayerBlock {
             LayerBlock::Int4 { k, k_scale, k_min, v, v_scale, v_min } => {
                 k.len() + v.len() + (k_scale.len() + k_min.len() + v_scale.len() + v_min.len()) * 2
             }
-            LayerBlock::Evicted => 0,
+            LayerBlock::Evicted | LayerBlock::OutOfWindow => 0,
         }
     }
 
@@ -82,7 +87,7 @@ impl LayerBlock {
         }
         let (k, v) = match self {
             LayerBlock::F16 { k, v } => (k.to_f32_vec(), v.to_f32_vec()),
-            LayerBlock::Evicted => return None,
+            LayerBlock::Evicted | LayerBlock::OutOfWindow => return None,
             _ => {
                 let n = kv_heads * BLOCK_TOKENS * hd;
                 let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
@@ -195,7 +200,7 @@ impl LayerBlock {
                     }
                 }
             }
-            LayerBlock::Evicted => return false,
+            LayerBlock::Evicted | LayerBlock::OutOfWindow => return false,
         }
         true
     }
@@ -229,7 +234,7 @@ impl LayerBlock {
                     }
                 }
             }
-            LayerBlock::Evicted => return false,
+            LayerBlock::Evicted | LayerBlock::OutOfWindow => return false,
         }
         true
     }

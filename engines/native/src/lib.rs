@@ -164,6 +164,23 @@ impl NativeEngine {
         cfg!(feature = "cuda") && self.config.gpu_backend == abi::LLMR_GPU_CUDA
     }
 
+    /// The sliding-window layers whose blocks out of every window still to come give their
+    /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
+    /// as llama.cpp's) keeps every position.
+    fn window_layers(&self, desc: &ModelDesc, config: &ModelConfig) -> Result<Vec<usize>, EngineError> {
+        let key = "swa_full";
+        let full = match desc.options.get(key).or_else(|| self.config.params.get(key)) {
+            None => false,
+            Some(v) => {
+                v.as_bool().ok_or_else(|| EngineError::load_failed(format!("`{key}` takes true or false, got {v}")))?
+            }
+        };
+        if full {
+            return Ok(Vec::new());
+        }
+        Ok((0..config.layers).filter(|&l| config.layer_attention[l] == config::LayerAttention::Sliding).collect())
+    }
+
     /// The KV budget in bytes: `kv_budget_mib` from the model's load options or the engine's
     /// params, else `blocks` f16 blocks. It must hold one full context in f16, so that one
     /// sequence can always run.
@@ -280,7 +297,7 @@ impl Engine for NativeEngine {
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
         let budget = self.kv_budget(&desc, shape, ctx_per_seq as usize, kv_blocks)?;
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
-        let pool = pool.with_budget(budget);
+        let pool = pool.with_budget(budget).with_window(self.window_layers(&desc, &config)?, config.sliding_window);
         let mut policy = match desc.options.get("kv_policy") {
             Some(patch) => policy_for(&self.policy.lock().unwrap(), patch, false)?,
             None => *self.policy.lock().unwrap(),

@@ -122,6 +122,8 @@ struct Running {
     stops: StopMatcher,
     started: Instant,
     first_token: Option<Instant>,
+    /// The first block the sliding layers may still drop (`KvPool::drop_out_of_window`).
+    window_next: usize,
 }
 
 pub struct Scheduler {
@@ -294,6 +296,7 @@ impl Scheduler {
                 detok: self.tokenizer.decoder(job.special_text),
                 started: Instant::now(),
                 first_token: None,
+                window_next: 0,
                 job,
             });
         }
@@ -395,8 +398,13 @@ impl Scheduler {
         };
         self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
+        let window = self.pool.window();
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
+            // Sliding layers hold each sequence's window, and the window before its prompt's end.
+            let prompt = r.job.tokens.len();
+            let keep = prompt.saturating_sub(window + BLOCK_TOKENS)..prompt;
+            r.window_next = self.pool.drop_out_of_window(&r.table, keep, r.window_next);
         }
         self.control(None);
         self.publish_kv_stats();

@@ -258,3 +258,61 @@ fn prompts_and_embedding_inputs_given_as_token_ids_read_as_their_text_does() {
     assert_eq!(counted as usize, ids.len());
     assert_eq!(by_text, by_ids, "the same tokens, the same vector");
 }
+
+/// Gemma 3 (sliding layers of 512 positions): the cache gives back each sequence's sliding-layer
+/// blocks once no query still to come sees them, which changes no output (the same greedy tokens
+/// as with every position kept, `swa_full`) and holds much less; a turn that parts from the
+/// conversation just after its last prompt starts on that prompt (the window before its end is
+/// kept), and one that goes on from the whole conversation starts past it.
+#[test]
+fn gemma3_sliding_layers_hold_the_window_and_prefixes_stay_usable() {
+    let hamlet = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let words: Vec<&str> = hamlet.split_whitespace().collect();
+    let turn = |user: &str| format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n");
+    let first = turn(&format!("{}\n\nWho speaks first?", words[3000..3900].join(" ")));
+    let e = engine(1);
+    let dir = cached_model("gemma3-hf");
+    e.load_model(&spec("windowed", &dir)).unwrap();
+    let mut full = spec("full", &dir);
+    full.options = Some(serde_json::json!({"swa_full": true}));
+    e.load_model(&full).unwrap();
+    let greedy = |model: &'static str, id: u64, prompt: &str| {
+        let p = InferParams::new(id, model, prompt, Sampling { max_tokens: Some(16), ..Sampling::greedy() });
+        let (mut ids, mut text) = (Vec::new(), String::new());
+        let res = e
+            .infer(&p, |t| {
+                ids.push(t.token_id);
+                text.push_str(&t.text);
+                true
+            })
+            .unwrap();
+        (ids, text, res)
+    };
+    let kv_bytes = |model: &str| {
+        let m = e.metrics().unwrap();
+        m["models"].as_array().unwrap().iter().find(|x| x["model"] == model).unwrap()["kv_bytes"].as_u64().unwrap()
+    };
+    let (windowed, answer, res) = greedy("windowed", 1, &first);
+    let (kept, _, _) = greedy("full", 2, &first);
+    assert!(res.prompt_tokens > 1200, "a prompt past the window: {} tokens", res.prompt_tokens);
+    assert_eq!(windowed, kept, "the same greedy tokens");
+    let (w, f) = (kv_bytes("windowed"), kv_bytes("full"));
+    eprintln!("Gemma 3, {} positions: KV {w} bytes with the window, {f} with every position", res.prompt_tokens + 16);
+    // 15 of the 18 layers slide: they hold the last 512 positions and a block (~544 of 1,302),
+    // the other 3 every position: about 0.52 of the full cache.
+    assert!(w * 100 < f * 56, "windowed {w}, full {f}");
+
+    // A turn that keeps only the first prompt (another answer in its place: a template that drops
+    // the answer's thinking) starts on it: the window before the prompt's end was kept.
+    let other = format!("{first}Hamlet.<end_of_turn>\n{}", turn("Summarise it."));
+    let (_, _, res2) = greedy("windowed", 3, &other);
+    assert!(
+        res2.cached_tokens + 16 > res.prompt_tokens,
+        "a turn parting after the prompt reused {}",
+        res2.cached_tokens
+    );
+    // Turn 2 on the whole conversation starts past the first prompt.
+    let second = format!("{first}{answer}<end_of_turn>\n{}", turn("And who speaks last?"));
+    let (_, _, res3) = greedy("windowed", 4, &second);
+    assert!(res3.cached_tokens > res.prompt_tokens, "turn 2 reused {} of {}", res3.cached_tokens, res.prompt_tokens);
+}
