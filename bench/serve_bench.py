@@ -615,7 +615,10 @@ def server_command(kind, a, exe, model_path, alias, port):
     if kind == "llama-server":
         return [exe, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port), "-t", str(a.threads),
                 "-c", str(total_cells(a.slots, a.ctx)), "-np", str(a.slots),
-                "--no-kv-unified" if separate_streams(a.slots, a.ctx) else "--kv-unified", "-a", alias]
+                "--no-kv-unified" if separate_streams(a.slots, a.ctx) else "--kv-unified", "-a", alias,
+                # Verbosity 4 logs llama.cpp's own load report (its KV cache size, read by kv_cache_mib):
+                # a few lines per request more, none per token.
+                "-lv", "4"]
     isolation = ["--engine-isolation", "in-process"] if kind == "llmr-in-process" else []
     # llmr-no-spec is the same server; its client turns speculation off in every request.
     return [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--engines-dir", str(REPO / "engines"),

@@ -117,7 +117,11 @@ fn describe() {
         ENGINE_RESTARTS,
         "Models reloaded because their engine worker ended (a crash, or a hang the watchdog ended), by model"
     );
-    metrics::describe_gauge!(KV_BYTES, metrics::Unit::Bytes, "Bytes the KV cache's blocks hold, by model");
+    metrics::describe_gauge!(
+        KV_BYTES,
+        metrics::Unit::Bytes,
+        "Bytes of KV cache, by model: what the blocks hold (native engine), what llama.cpp allocated (llama.cpp plugin)"
+    );
     metrics::describe_gauge!(KV_BUDGET_BYTES, metrics::Unit::Bytes, "The KV cache's budget, by model");
     metrics::describe_gauge!(
         KV_LEVEL_BLOCKS,
