@@ -65,6 +65,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from soak import tree_rss_kib    # bench/soak.py: the same process-tree reading
+
 REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPO / "bench/requirements-serve.txt"
 VENV = Path(os.environ.get("LLMR_BENCH_VENV", Path.home() / ".cache/llmr/venv-bench"))
@@ -663,24 +665,7 @@ def cpu_jiffies(pid=None):
 
 def tree_rss_mib(pid):
     """Resident memory of a process and its descendants (llmr's engine workers), in MiB."""
-    parents, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                status = open(f"/proc/{entry}/status").read()
-            except OSError:
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            parents[int(entry)] = int(fields["PPid"])
-            rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0])
-    tree, grew = {pid}, True
-    while grew:
-        grew = False
-        for p, ppid in parents.items():
-            if ppid in tree and p not in tree:
-                tree.add(p)
-                grew = True
-    return sum(rss.get(p, 0) for p in tree) / 1024
+    return tree_rss_kib(pid) / 1024
 
 
 KV_SIZE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB")

@@ -16,6 +16,7 @@
 //! As with the other readers, the result never depends on how the text was cut into pieces.
 
 use crate::call::{named_call, Allowed};
+use crate::partial::partial_suffix;
 use crate::ParsedCall;
 use serde_json::Value;
 
@@ -244,14 +245,6 @@ fn emit(out: &mut Vec<HarmonyEvent>, event: HarmonyEvent) {
         (_, HarmonyEvent::Reasoning(t) | HarmonyEvent::Content(t)) if t.is_empty() => {}
         (_, event) => out.push(event),
     }
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

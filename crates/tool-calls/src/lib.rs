@@ -47,6 +47,7 @@ mod format;
 mod grammar;
 mod harmony;
 mod json_scan;
+mod partial;
 mod reasoning;
 mod stream;
 

@@ -10,6 +10,8 @@
 //! its thinking is all thinking. As with tool calls, the split never depends on how the text was
 //! cut into pieces.
 
+use crate::partial::partial_suffix;
+
 /// The markers around a model's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningFormat {
@@ -265,14 +267,6 @@ fn emit(out: &mut Vec<Split>, split: Split) {
         Split::Reasoning(t) | Split::Content(t) if t.is_empty() => {}
         _ => out.push(split),
     }
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

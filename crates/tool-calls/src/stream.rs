@@ -13,6 +13,7 @@ use crate::format::marker::{
     FENCE, HERMES_CLOSE, HERMES_OPEN, MISTRAL_ARGS, MISTRAL_CALL_ID, MISTRAL_OPEN, PYTHON_TAG,
 };
 use crate::json_scan::{JsonScanner, Scan};
+use crate::partial::partial_suffix;
 use crate::{ParsedCall, StreamEvent, ToolCallFormat};
 
 /// Parses tool calls out of generated text as it streams; see the crate documentation.
@@ -458,24 +459,9 @@ fn literal(text: &str, literal: &str) -> Literal {
     }
 }
 
-/// The length of the longest end of `text` that is a proper prefix of `marker` (which is ASCII).
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1)).rev().find(|&len| text.ends_with(&marker[..len])).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn partial_suffixes() {
-        assert_eq!(partial_suffix("hello <tool", "<tool_call>"), 5);
-        assert_eq!(partial_suffix("hello <", "<tool_call>"), 1);
-        assert_eq!(partial_suffix("hello", "<tool_call>"), 0);
-        assert_eq!(partial_suffix("<tool_call", "<tool_call>"), 10);
-        assert_eq!(partial_suffix("", "<tool_call>"), 0);
-        assert_eq!(partial_suffix("é[TOOL", "[TOOL_CALLS]"), 5);
-    }
 
     #[test]
     fn literals() {
