@@ -360,7 +360,10 @@ async def w_levels(cl, corpus, sz):
             if pending:
                 raise HarnessError(f"c={c}: {len(pending)} of {c} clients still had a request running "
                                    f"{sz.smoke_wait:.0f} s after the window closed")
-        while (any(not r.times and not r.end for r in rs)
+        # Until every request in flight has its first token, and (on a machine where a request at
+        # this concurrency outlasts the window) one request has finished: its usage scales chunks
+        # to tokens. What runs past the window is not counted in it.
+        while ((any(not r.times and not r.end for r in rs) or not any(r.usage for r in rs))
                and not any(t.done() and t.exception() for t in tasks)     # a failed request
                and time.perf_counter() < w1 + 120):
             await asyncio.sleep(0.01)
@@ -372,7 +375,7 @@ async def w_levels(cl, corpus, sz):
         await asyncio.sleep(0.5)                    # let the server free the dropped slots
         finished = [r for r in rs if r.usage]
         if not finished:
-            raise HarnessError(f"c={c}: no request finished in {w1 - t0:.0f} s")
+            raise HarnessError(f"c={c}: no request finished in {time.perf_counter() - t0:.0f} s")
         if sz.smoke and len(finished) != len(rs):
             raise HarnessError(f"c={c}: {len(rs) - len(finished)} of {len(rs)} requests ended without usage")
         # Chunks are counted in the window and scaled to tokens by usage / chunks (a chunk is
