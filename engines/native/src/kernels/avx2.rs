@@ -104,13 +104,12 @@ pub unsafe fn dot4<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
 }
 
 /// Dot products of two input rows `x0`, `x1` with the four weight rows of `w` (as [`dot4`]):
-/// each weight load serves both inputs, which is what makes prefill compute-bound instead of
-/// load-bound.
+/// each weight load serves both inputs; `prefetch` as in [`dot4x3`].
 ///
 /// # Safety
 /// As [`dot4`]; `x0` and `x1` have the same length.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W]) -> [[f32; 4]; 2] {
+pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W], prefetch: bool) -> [[f32; 4]; 2] {
     let k = x0.len();
     assert!(x1.len() == k && w.len() >= 4 * k);
     let main = k / 8 * 8;
@@ -119,8 +118,14 @@ pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W]) -> [[f32; 4]; 2
     let mut a1 = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < main {
-        // SAFETY: i + 8 <= k; every row and both inputs hold k values.
+        // SAFETY: i + 8 <= k; every row and both inputs hold k values. Prefetching past the
+        // slice never faults.
         unsafe {
+            if prefetch && i % 32 == 0 {
+                for r in 0..4 {
+                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
+                }
+            }
             let x0v = _mm256_loadu_ps(x0.as_ptr().add(i));
             let x1v = _mm256_loadu_ps(x1.as_ptr().add(i));
             for r in 0..4 {
@@ -138,6 +143,60 @@ pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W]) -> [[f32; 4]; 2
             let wv = w[r * k + i].to_f32();
             out[0][r] += x0[i] * wv;
             out[1][r] += x1[i] * wv;
+        }
+    }
+    out
+}
+
+/// Dot products of three input rows with the four weight rows of `w` (as [`dot4`]): twelve
+/// accumulators (with the three inputs and one weight, all sixteen registers), so each weight
+/// load serves three FMAs and twelve independent chains hide the FMA latency. With `prefetch`,
+/// the next four rows (the task's next tile) are fetched meanwhile, so reading the weights from
+/// memory overlaps the arithmetic. Each output is summed in the same order as in [`dot4`], so a
+/// sequence's logits do not depend on its batch.
+///
+/// # Safety
+/// As [`dot4`]; the three inputs have the same length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot4x3<W: Weight>(x: [&[f32]; 3], w: &[W], prefetch: bool) -> [[f32; 4]; 3] {
+    let k = x[0].len();
+    assert!(x[1].len() == k && x[2].len() == k && w.len() >= 4 * k);
+    let main = k / 8 * 8;
+    let (p0, p1, p2, wp) = (x[0].as_ptr(), x[1].as_ptr(), x[2].as_ptr(), w.as_ptr());
+    // No closures in the loop: they would not inherit this function's target features.
+    let z = _mm256_setzero_ps();
+    let (mut a0, mut a1, mut a2) = ([z; 4], [z; 4], [z; 4]);
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 <= k; every row and all three inputs hold k values. Prefetching past the
+        // slice never faults.
+        unsafe {
+            if prefetch && i % 32 == 0 {
+                for r in 0..4 {
+                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
+                }
+            }
+            let (x0, x1, x2) = (_mm256_loadu_ps(p0.add(i)), _mm256_loadu_ps(p1.add(i)), _mm256_loadu_ps(p2.add(i)));
+            for r in 0..4 {
+                let wv = W::load8(wp.add(r * k + i));
+                a0[r] = _mm256_fmadd_ps(x0, wv, a0[r]);
+                a1[r] = _mm256_fmadd_ps(x1, wv, a1[r]);
+                a2[r] = _mm256_fmadd_ps(x2, wv, a2[r]);
+            }
+        }
+        i += 8;
+    }
+    let mut out = [[0f32; 4]; 3];
+    for r in 0..4 {
+        // SAFETY: register-only.
+        unsafe { (out[0][r], out[1][r], out[2][r]) = (hsum(a0[r]), hsum(a1[r]), hsum(a2[r])) };
+    }
+    for i in main..k {
+        for r in 0..4 {
+            let wv = w[r * k + i].to_f32();
+            for j in 0..3 {
+                out[j][r] += x[j][i] * wv;
+            }
         }
     }
     out

@@ -1,11 +1,13 @@
 //! `y = x W^T (+ b)` for a weight stored as on disk (bf16, f16 or f32, `[out, in]` row-major,
 //! memory-mapped), computed in f32.
 //!
-//! Work is split over output rows on the model's thread pool. A task widens a tile of weight rows
-//! to f32 in an L1-sized buffer (a shift for bf16, F16C for f16) and takes its dot products with
-//! every input row, so decode (one input row per sequence) reads each weight once per step and
-//! prefill reuses the widened tile across the chunk. Several projections of the same input
-//! (q/k/v, gate/up) run as one parallel call ([`forward_many`]): fewer thread wake-ups per layer.
+//! Work is split over output rows on the model's thread pool. Below [`GEMM_MIN_ROWS`] input rows
+//! (decode: one per sequence), a task takes a tile of four weight rows as stored, widened in
+//! registers, and runs it against three inputs at a time (two for what is left), prefetching the
+//! next tile: each weight is read from memory once per step and the reading overlaps the
+//! arithmetic. From there on (prefill chunks), a task widens a panel of rows to f32 once and runs
+//! a GEMM over it. Several projections of the same input (q/k/v, gate/up) run as one parallel
+//! call ([`forward_many`]): fewer thread wake-ups per layer.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
@@ -25,9 +27,6 @@ const TILE: usize = 4;
 /// threshold at 8 (bench/RESULTS.md, "The native engine").
 const GEMM_MIN_ROWS: usize = 24;
 const PANEL: usize = 32;
-/// From this many input rows on (below [`GEMM_MIN_ROWS`]), a decode task widens its weight tile
-/// to f32 once and runs the f32 kernels over it.
-const WIDEN_MIN_ROWS: usize = 8;
 
 pub struct Linear {
     weight: TensorView,
@@ -72,18 +71,9 @@ impl Linear {
     }
 
     /// Output rows `r0..r1` for every input row: AVX2 kernels reading the weights as stored
-    /// where the CPU has them, else a portable loop over a widened copy.
+    /// where the CPU has them (converting in registers and prefetching the next tile, so reading
+    /// memory overlaps the arithmetic), else a portable loop over a widened copy.
     fn rows_into(&self, r0: usize, r1: usize, x: &[f32], n: usize, out: Out, scratch: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if simd() && n >= WIDEN_MIN_ROWS && self.weight.dtype != DType::F32 {
-            // Many inputs: widen the tile once (it stays in L1) rather than once per input pair.
-            self.widen(r0, r1, scratch);
-            // SAFETY: simd() checked AVX2, FMA and F16C; scratch holds (r1 - r0) widened rows.
-            unsafe {
-                rows_simd::<f32>(&scratch[..(r1 - r0) * self.cols], r1 - r0, self.cols, x, n, self.rows, r0, out)
-            };
-            return;
-        }
         #[cfg(target_arch = "x86_64")]
         if simd() {
             let (size, cols) = (self.weight.dtype.size(), self.cols);
@@ -193,10 +183,23 @@ unsafe fn rows_simd<W: avx2::Weight>(
         }
         return;
     }
+    // Threes, then a two or a one. (Ending 16 inputs on two twos rather than five threes and a
+    // one measured slower: the pair kernel's eight chains do not hide the FMA latency.) The
+    // first call prefetches the next tile.
     let mut t = 0;
+    while t + 3 <= n {
+        // SAFETY: as above; w holds TILE rows.
+        let d = unsafe { avx2::dot4x3([input(t), input(t + 1), input(t + 2)], w, t == 0) };
+        for (j, row) in d.into_iter().enumerate() {
+            for (i, v) in row.into_iter().enumerate() {
+                put(t + j, i, v);
+            }
+        }
+        t += 3;
+    }
     while t + 2 <= n {
         // SAFETY: as above; w holds TILE rows.
-        let d = unsafe { avx2::dot4x2(input(t), input(t + 1), w) };
+        let d = unsafe { avx2::dot4x2(input(t), input(t + 1), w, t == 0) };
         for (j, row) in d.into_iter().enumerate() {
             for (i, v) in row.into_iter().enumerate() {
                 put(t + j, i, v);
@@ -337,9 +340,9 @@ mod tests {
         Linear::new(ck.get("w", &[rows, cols]).unwrap(), b)
     }
 
-    /// Every path (dot kernels on the stored weights, on a widened tile, and the panel GEMM)
-    /// computes `x W^T + b`; the two dot paths give the same bits, so a sequence's logits do not
-    /// depend on how many others share its decode step.
+    /// Every path (dot kernels on the stored weights one, two or three inputs at a time, and the
+    /// panel GEMM) computes `x W^T + b`; the dot kernels give the same bits, so a sequence's
+    /// logits do not depend on how many others share its decode step.
     #[test]
     fn every_batch_size_computes_the_same_projection() {
         let (rows, cols) = (70, 300); // not multiples of the tile or the panel
@@ -349,7 +352,7 @@ mod tests {
         let x: Vec<f32> = (0..40 * cols).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
         let mut alone = Vec::new();
         l.forward(&x[..cols], 1, &mut alone);
-        for n in [1, 2, 3, WIDEN_MIN_ROWS - 1, WIDEN_MIN_ROWS, WIDEN_MIN_ROWS + 1, 17, GEMM_MIN_ROWS, 40] {
+        for n in [1, 2, 3, 4, 5, 7, 8, 16, 17, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 40] {
             let mut y = Vec::new();
             l.forward(&x[..n * cols], n, &mut y);
             for t in 0..n {
