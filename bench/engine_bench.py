@@ -88,7 +88,11 @@ def engine_bench(engine, model, threads, pp, tg, reps, npp, ntg, npl):
               "--concurrency", ",".join(map(str, npl))])
     d = json.loads(out)
     return {"pp": d["pp"]["tokens_per_s"], "tg": d["tg"]["tokens_per_s"],
-            "batch": {b["sequences"]: b["decode_tokens_per_s"] for b in d["batch"]}}
+            # Like llama-batched-bench's S_TG: the steps after every sequence had its first token
+            # (it prefills all prompts before its first decode step).
+            "batch": {b["sequences"]: b.get("all_decoding_tokens_per_s") or b["decode_tokens_per_s"] for b in d["batch"]},
+            # From the first sequence's first token: the other prompts' processing falls inside.
+            "batch_from_first": {b["sequences"]: b["decode_tokens_per_s"] for b in d["batch"]}}
 
 
 def transformers_bench(folder, threads, pp, tg, reps):
@@ -133,7 +137,7 @@ def main():
         else:
             ours_model = ref_model = str(cache / MODELS[name])
         ref = {"pp": [], "tg": [], "batch": {n: [] for n in npl}}
-        ours = {"pp": [], "tg": [], "batch": {n: [] for n in npl}}
+        ours = {"pp": [], "tg": [], "batch": {n: [] for n in npl}, "batch_from_first": {n: [] for n in npl}}
         hf = {"pp": [], "tg": []}
         for r in range(a.rounds):
             print(f"[{name}] round {r + 1}/{a.rounds}", file=sys.stderr)
@@ -145,6 +149,7 @@ def main():
             for n in npl:
                 ref["batch"][n].append(bb[n])
                 ours["batch"][n].append(eb["batch"][n])
+                ours["batch_from_first"][n].append(eb["batch_from_first"][n])
             if with_hf:
                 tb = transformers_bench(ours_model, a.threads, a.pp, a.tg, max(1, a.reps // 2))
                 hf["pp"].append(tb["pp"]); hf["tg"].append(tb["tg"])
@@ -152,6 +157,8 @@ def main():
         rows = [(f"pp{a.pp} (tok/s)", med(ref["pp"]), med(ours["pp"]), "pp"),
                 (f"tg{a.tg} (tok/s)", med(ref["tg"]), med(ours["tg"]), "tg")]
         rows += [(f"decode, {n} seq (total tok/s)", med(ref["batch"][n]), med(ours["batch"][n]), None) for n in npl]
+        rows += [(f"decode, {n} seq, llmr timed from its first first token", med(ref["batch"][n]),
+                  med(ours["batch_from_first"][n]), None) for n in npl if n > 1]
         shown = Path(ref_model).name if not native else f"{Path(ours_model).name} (llama.cpp: {Path(ref_model).name})"
         lines.append(f"\n**{shown}**, {a.threads} threads, median of {a.rounds} rounds\n")
         if with_hf:
@@ -173,7 +180,9 @@ def main():
               f"plugin: {a.engine} ({'bf16 safetensors; llama.cpp on the F16 GGUF of the same values' if native else tools.get('plugin_llama_cpp_version', 'llama-cpp-sys-2 0.1.161')}).\n"
               f"Command: `bench/engine_bench.py {' '.join(sys.argv[1:])}`\n"
               "Reference pp/tg: llama-bench; reference decode: llama-batched-bench S_TG "
-              f"(npp {npp}, ntg {ntg}); llmr: bench/src/engine_bench.rs through the engine host.\n")
+              f"(npp {npp}, ntg {ntg}); llmr: bench/src/engine_bench.rs through the engine host, decode "
+              "timed once every sequence has its first token, as S_TG is (the rows 'timed from its first "
+              "first token' also count the other prompts' processing).\n")
     table = header + "\n".join(lines) + "\n"
     print(table)
     if a.write and not a.smoke:
