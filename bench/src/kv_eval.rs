@@ -9,15 +9,20 @@
 //!   kv-eval --model ~/.cache/llmr/models/smollm2-hf \
 //!           --text ~/.cache/llmr/models/corpus/hamlet_gut.txt --ctx 2048 --level int8
 //!   kv-eval ... --ctx 4096 --profile balanced --budget-share 0.3
+//!
+//! `--calibrate` runs a fixed set instead (static int8 and int4, the balanced and aggressive
+//! profiles under pressure), fits what each level costs this model and writes the table into the
+//! model's folder (`llmr_kv_policy::Calibration`), where the engine reads it at load to report
+//! `delta_ppl_est`.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use llmr_kv_policy::KvPolicy;
+use llmr_kv_policy::{Calibration, CalibrationPoint, KvPolicy};
 use llmr_native_engine::arch::Model;
 use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
 use llmr_native_engine::kv_cache::{Shape, BLOCK_TOKENS};
-use llmr_native_engine::kv_eval::{evaluate, EvalOptions};
+use llmr_native_engine::kv_eval::{evaluate, EvalOptions, EvalReport};
 use llmr_native_engine::tokenizer::ModelTokenizer;
 use std::path::PathBuf;
 
@@ -52,15 +57,32 @@ struct Args {
     evict: f64,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Measure the model's calibration table and write it into its folder.
+    #[arg(long, conflicts_with_all = ["profile", "evict"])]
+    calibrate: bool,
+}
+
+/// The runs a calibration fits to: (policy patch, budget share, what it is).
+fn calibration_runs(window: usize) -> Vec<(serde_json::Value, f64, String)> {
+    let fixed = |level: &str| (serde_json::json!({"static_level": level, "recent_window": window}), 1.0);
+    let dynamic = |profile: &str, share: f64| {
+        (serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": window}), share)
+    };
+    [
+        (fixed("int8"), "static int8".to_string()),
+        (fixed("int4"), "static int4".to_string()),
+        (dynamic("balanced", 0.5), "balanced at 0.5 of the f16 bytes".to_string()),
+        (dynamic("balanced", 0.25), "balanced at 0.25 of the f16 bytes".to_string()),
+        (dynamic("aggressive", 0.34), "aggressive at 0.34 of the f16 bytes".to_string()),
+        (dynamic("aggressive", 0.25), "aggressive at 0.25 of the f16 bytes".to_string()),
+    ]
+    .into_iter()
+    .map(|((patch, share), what)| (patch, share, what))
+    .collect()
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let patch = match &a.profile {
-        Some(profile) => serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": a.window}),
-        None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
-    };
-    let policy = KvPolicy::baseline().patched_json(&patch)?;
     if !(0.0..=1.0).contains(&a.evict) {
         bail!("--evict {} is not a share between 0 and 1", a.evict);
     }
@@ -82,19 +104,22 @@ fn main() -> Result<()> {
     tokens.truncate(a.ctx);
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
     let f16_bytes = a.ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
-    let options = EvalOptions {
-        step: a.step,
-        policy,
-        budget: Some((f16_bytes as f64 * a.budget_share) as usize),
-        evict: a.evict,
-        control_ids: tokenizer.control_ids.clone(),
+    let run = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<(KvPolicy, EvalReport)> {
+        let policy = KvPolicy::baseline().patched_json(patch)?;
+        let options = EvalOptions {
+            step: a.step,
+            policy,
+            budget: Some((f16_bytes as f64 * budget_share) as usize),
+            evict,
+            control_ids: tokenizer.control_ids.clone(),
+        };
+        Ok((policy, evaluate(&model, shape, config.vocab, &tokens, &options)?))
     };
-    let r = evaluate(&model, shape, config.vocab, &tokens, &options)?;
-    println!(
-        "{}",
+    let model_name = a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let report = |policy: &KvPolicy, budget_share: f64, evict: f64, r: &EvalReport| {
         serde_json::json!({
-            "model": a.model.file_name().map(|f| f.to_string_lossy().into_owned()),
-            "ctx": a.ctx, "step": a.step, "evict": a.evict, "budget_share": a.budget_share, "policy": policy,
+            "model": model_name,
+            "ctx": a.ctx, "step": a.step, "evict": evict, "budget_share": budget_share, "policy": policy,
             "threads": a.threads,
             "scored": r.scored, "ppl_f16": r.ppl_f16, "ppl": r.ppl, "delta_ppl_rel": r.delta_ppl_rel(),
             "kld_mean": r.kld_mean, "kld_p999": r.kld_p999, "top1_agreement": r.top1_agreement,
@@ -103,6 +128,32 @@ fn main() -> Result<()> {
             "seconds_f16": r.seconds_f16, "seconds": r.seconds,
             "policy_seconds": r.policy_seconds, "passes": r.passes,
         })
-    );
+    };
+    if !a.calibrate {
+        let patch = match &a.profile {
+            Some(profile) => serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": a.window}),
+            None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
+        };
+        let (policy, r) = run(&patch, a.budget_share, a.evict)?;
+        println!("{}", report(&policy, a.budget_share, a.evict, &r));
+        return Ok(());
+    }
+    let mut points = Vec::new();
+    for (patch, share, what) in calibration_runs(a.window) {
+        match run(&patch, share, 0.0) {
+            Ok((policy, r)) => {
+                // One line per run on stderr, the table on stdout.
+                eprintln!("{what}: {}", report(&policy, share, 0.0, &r));
+                let levels = r.levels.map(|n| n as u64);
+                points.push(CalibrationPoint { run: what, levels, delta_ppl_pct: r.delta_ppl_rel() * 100.0 });
+            }
+            // A budget a profile cannot hold (safe never evicts) is a run left out, not a failure.
+            Err(e) => eprintln!("{what}: left out: {e:#}"),
+        }
+    }
+    let corpus = a.text.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let table = Calibration::fit(model_name, corpus, a.ctx, points).map_err(anyhow::Error::msg)?;
+    table.write(&a.model).with_context(|| format!("writing the table into {}", a.model.display()))?;
+    println!("{}", serde_json::to_string_pretty(&table)?);
     Ok(())
 }

@@ -20,7 +20,16 @@
 //! `mid` and `I < int4` goes to int4, `I < int8` to int8, else f16. The recent window and the
 //! sink tokens (the first block of the native engine) are never touched. Levels only go down: promotion (an exact
 //! f16 copy in a host tier, or recomputation) is not built yet.
+//!
+//! What a policy costs a model in quality is estimated from a table the evaluator measures for
+//! that model (`calibration.rs`); the slow loop switches profiles to keep that estimate inside
+//! a quality budget (`profile_switch.rs`).
 
+mod calibration;
+mod profile_switch;
+
+pub use calibration::{Calibration, CalibrationPoint, LevelCosts};
+pub use profile_switch::{next_profile, HEADROOM};
 use serde::{Deserialize, Serialize};
 
 /// The storage levels of a KV block (spec 002): L0 f16, L1 int8, L2 int4, L3 evicted. Ordered:

@@ -322,9 +322,21 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("metrics.jsonl");
+    // SmolLM2's files linked into a folder with a calibration table (`kv-eval --calibrate`'s).
+    let calibrated = dir.path().join("smollm2-hf");
+    std::fs::create_dir(&calibrated).unwrap();
+    for entry in std::fs::read_dir(model_dir("smollm2-hf")).unwrap() {
+        let entry = entry.unwrap();
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            std::os::unix::fs::symlink(entry.path(), calibrated.join(entry.file_name())).unwrap();
+        }
+    }
+    let table = json!({"model": "smollm2-hf", "corpus": "test", "ctx": 2048,
+        "cost": {"int8": 1.0, "int4": 3.0, "evicted": 30.0}, "points": []});
+    std::fs::write(calibrated.join(".llmr-kv-calibration.json"), table.to_string()).unwrap();
     let s = serve(&[
         "--model",
-        &format!("smol-st={}", model_dir("smollm2-hf").display()),
+        &format!("smol-st={}", calibrated.display()),
         "--model",
         &format!("smol-gguf={}", model("smollm2-135m-instruct-q4_1.gguf")),
         "--control-port",
@@ -355,6 +367,11 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
     assert_eq!(native["kv_policy"]["profile"], "safe", "{m}");
     assert!(native["policy_passes_total"].as_u64().unwrap() > 0, "{m}");
     assert!(m["mem"]["kv_bytes"].as_u64().unwrap() > 0 && m["mem"]["host_gb"].as_f64().unwrap() > 0.0, "{m}");
+    // The estimate is the calibrated model's (the GGUF one has no table): between int8's cost
+    // and 0, since its finished request's blocks are f16 or int8 under `safe`.
+    let est = m["quality"]["delta_ppl_est"].as_f64().unwrap_or_else(|| panic!("no estimate: {m}"));
+    assert!((est - native["delta_ppl_est"].as_f64().unwrap()).abs() < 1e-3, "{m}");
+    assert!((0.0..=1.0).contains(&est), "{m}");
 
     // Changed live, without a restart: the loaded model takes it from its next step.
     assert_eq!(post("/v1/policy", json!({"kv": {"profile": "aggressive", "recent_window": 128}}).to_string()).0, 204);
@@ -388,7 +405,43 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
         204
     );
     assert_eq!(post("/v1/run-context", json!({"seq_len": 0, "batch": 4}).to_string()).0, 400);
+    let (status, text) = post("/v1/run-context", json!({"seq_len": 1, "batch": 1, "quality_budget": -1}).to_string());
+    assert!(status == 400 && text.contains("quality_budget"), "{status}: {text}");
     assert_eq!(get("/v1/metrics")["run_context"]["batch"], 4);
+
+    // The slow loop under that quality budget (0.5%): the calibrated model runs `aggressive`
+    // (int4 outside its 128-token window), which its table prices at 3% for a whole cache, so
+    // while a long request runs the estimate passes the budget and the loop switches the model
+    // to a safer profile. Requests run one after another until it does (the estimate counts
+    // the blocks of running requests only).
+    let native_profile = |m: &Value| {
+        let native = m["models"].as_array().unwrap().iter().find(|x| x["model"] == "smol-st").unwrap();
+        native["kv_policy"]["profile"].as_str().unwrap().to_string()
+    };
+    assert_eq!(native_profile(&get("/v1/metrics")), "aggressive");
+    let mut copy = chat("smol-st", &format!("Repeat this text exactly:\n\n{long}"));
+    copy["max_tokens"] = json!(300);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let m = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (status, body) = s.post("/v1/chat/completions", &copy);
+                assert_eq!(status, 200, "{body}");
+            }
+        });
+        let start = std::time::Instant::now();
+        let m = loop {
+            let m = get("/v1/metrics");
+            if native_profile(&m) != "aggressive" || start.elapsed() > Duration::from_secs(180) {
+                break m;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        m
+    });
+    assert_ne!(native_profile(&m), "aggressive", "the loop switched the over-budget model: {m}");
+    assert!(m["kv_profile_switches_total"].as_u64().unwrap() >= 1, "{m}");
 
     // The control API is not on the public listener.
     let r = s.http.post(format!("{}/v1/policy", s.url)).json(&json!({"kv": {}})).send().unwrap();

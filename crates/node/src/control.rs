@@ -2,7 +2,8 @@
 //! (`--control-port`; it has no authentication and changes how every model runs): `POST /v1/policy` sets the KV policy every model runs, without a restart
 //! and without dropping requests (the engines take it between two steps); `POST /v1/run-context`
 //! records what the next jobs will look like; `GET /v1/metrics` reports speed, latency, memory
-//! and the KV cache's levels; `GET /v1/health`. The same figures go, once a second, to a JSON
+//! and the KV cache's levels; `GET /v1/health`. A quality budget in the run context starts the
+//! slow loop's profile switching (`profile_loop.rs`). The same figures go, once a second, to a JSON
 //! Lines file when one is configured (spec telemetry). Nothing here carries user text.
 //!
 //! A patch is checked whole by `llmr_kv_policy` before any engine sees it, so a refused one
@@ -21,7 +22,7 @@ use llmr_kv_policy::{KvPolicy, PolicyPatch};
 use llmr_openai::ApiError;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,8 @@ pub struct ControlState {
     run_context: Mutex<Option<RunContext>>,
     /// The last reading of the generated-token counter, and the rate since the one before.
     rate: Mutex<(Instant, u64, f64)>,
+    /// Profiles the slow loop switched (`profile_loop.rs`).
+    profile_switches: AtomicU64,
 }
 
 pub type SharedControl = Arc<ControlState>;
@@ -59,7 +62,25 @@ pub type SharedControl = Arc<ControlState>;
 impl ControlState {
     pub fn new(models: Arc<ModelManager>) -> SharedControl {
         let now = (Instant::now(), GENERATED.load(Ordering::Relaxed), 0.0);
-        Arc::new(ControlState { models, run_context: Mutex::new(None), rate: Mutex::new(now) })
+        Arc::new(ControlState {
+            models,
+            run_context: Mutex::new(None),
+            rate: Mutex::new(now),
+            profile_switches: AtomicU64::new(0),
+        })
+    }
+
+    pub fn models(&self) -> &ModelManager {
+        &self.models
+    }
+
+    /// The run context's quality budget (relative delta-PPL, percent), when one was given.
+    pub fn quality_budget(&self) -> Option<f64> {
+        self.run_context.lock().unwrap().and_then(|rc| rc.quality_budget)
+    }
+
+    pub fn count_profile_switches(&self, n: usize) {
+        self.profile_switches.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Tokens a second since the previous reading (at least half a second ago; a reading closer
@@ -80,6 +101,7 @@ impl ControlState {
         let mut levels = [0u64; 4];
         let (mut kv_bytes, mut kv_budget, mut policy_errors) = (0u64, 0u64, 0u64);
         let mut models = Vec::new();
+        let mut delta_ppl_est: Option<f64> = None;
         for m in self.models.loaded() {
             first_token.extend(m.first_token_times.samples());
             let figures = m.engine.metrics().map(|v| model_figures(&v).clone()).unwrap_or_default();
@@ -93,6 +115,9 @@ impl ControlState {
             kv_bytes += get("kv_bytes");
             kv_budget += get("kv_budget_bytes");
             policy_errors += get("policy_errors_total");
+            if let Some(est) = figures["delta_ppl_est"].as_f64() {
+                delta_ppl_est = Some(delta_ppl_est.map_or(est, |e| e.max(est)));
+            }
             models.push(serde_json::json!({
                 "model": m.name,
                 "engine": m.engine_id(),
@@ -104,6 +129,7 @@ impl ControlState {
                 "policy_passes_total": figures.get("policy_passes_total"),
                 "policy_seconds_total": figures.get("policy_seconds_total"),
                 "policy_errors_total": figures.get("policy_errors_total"),
+                "delta_ppl_est": figures.get("delta_ppl_est"),
             }));
         }
         let ms = |s: Option<f64>| s.map(|s| (s * 1e4).round() / 10.0);
@@ -117,10 +143,12 @@ impl ControlState {
                 "kv_budget_bytes": kv_budget,
                 "kv_levels": { "L0": levels[0], "L1": levels[1], "L2": levels[2], "L3": levels[3] },
             },
-            // Not calibrated yet: the evaluator's table (bench/RESULTS.md) is not read at run time.
-            "quality": { "delta_ppl_est": null },
+            // Relative delta-PPL in percent, the worst of the models that have a calibration
+            // table (`kv-eval --calibrate`); null where none has.
+            "quality": { "delta_ppl_est": delta_ppl_est.map(|e| (e * 1e4).round() / 1e4) },
             "kv_policy": self.models.kv_policy(),
             "policy_errors_total": policy_errors,
+            "kv_profile_switches_total": self.profile_switches.load(Ordering::Relaxed),
             "run_context": *self.run_context.lock().unwrap(),
             "models": models,
         })
@@ -170,8 +198,8 @@ async fn set_run_context(
     if rc.target_ftl_ms.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
         return Err(ApiError::invalid("target_ftl_ms", "must be a positive number of milliseconds"));
     }
-    if rc.quality_budget.is_some_and(|q| !q.is_finite()) {
-        return Err(ApiError::invalid("quality_budget", "must be a number"));
+    if rc.quality_budget.is_some_and(|q| !(q.is_finite() && q >= 0.0)) {
+        return Err(ApiError::invalid("quality_budget", "must be a relative delta-PPL in percent, 0 or more"));
     }
     *state.run_context.lock().unwrap() = Some(rc);
     Ok(StatusCode::NO_CONTENT)

@@ -30,6 +30,7 @@ pub mod modality_gate;
 pub mod models;
 mod node;
 pub mod plugin_reload;
+pub mod profile_loop;
 pub mod prompt;
 pub mod thinking_budget;
 

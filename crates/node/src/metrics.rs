@@ -30,6 +30,7 @@ pub const KV_BYTES: &str = "llmr_kv_cache_bytes";
 pub const KV_BUDGET_BYTES: &str = "llmr_kv_cache_budget_bytes";
 pub const KV_LEVEL_BLOCKS: &str = "llmr_kv_level_blocks";
 pub const KV_POLICY_ERRORS: &str = "llmr_kv_policy_errors_total";
+pub const KV_DELTA_PPL_EST: &str = "llmr_kv_delta_ppl_estimate_percent";
 pub const DRAFT_TOKENS: &str = "llmr_spec_decode_draft_tokens_total";
 pub const DRAFT_ACCEPTED: &str = "llmr_spec_decode_accepted_tokens_total";
 
@@ -128,6 +129,10 @@ fn describe() {
         "KV positions in use at each storage level (L0 f16, L1 int8, L2 int4, L3 evicted), by model"
     );
     metrics::describe_gauge!(KV_POLICY_ERRORS, "Failures of the KV policy (each put the baseline back), by model");
+    metrics::describe_gauge!(
+        KV_DELTA_PPL_EST,
+        "Estimated relative perplexity increase (percent) of the KV cache as it is stored now, by model with a calibration table"
+    );
     metrics::describe_gauge!(DRAFT_TOKENS, "Draft tokens fed by speculative decoding (prompt lookup), by model");
     metrics::describe_gauge!(DRAFT_ACCEPTED, "Draft tokens the sampler kept (each saved a decode step), by model");
 }
@@ -177,7 +182,11 @@ pub fn refresh(models: &ModelManager) {
                         let budget = v["kv_budget_bytes"].as_f64().unwrap_or(0.0);
                         metrics::gauge!(KV_BUDGET_BYTES, "model" => name.clone()).set(budget);
                         let errors = v["policy_errors_total"].as_f64().unwrap_or(0.0);
-                        metrics::gauge!(KV_POLICY_ERRORS, "model" => name).set(errors);
+                        metrics::gauge!(KV_POLICY_ERRORS, "model" => name.clone()).set(errors);
+                        // Only models with a calibration table have an estimate.
+                        if let Some(est) = v["delta_ppl_est"].as_f64() {
+                            metrics::gauge!(KV_DELTA_PPL_EST, "model" => name).set(est);
+                        }
                     }
                 }
             }

@@ -33,7 +33,7 @@ use llmr_engine_sdk::{
     EngineError, EngineInfo, ErrorCode, Format, InferOutcome, InferRequest, ModelDesc, ModelInfo, SamplingDefaults,
     TokenSink,
 };
-use llmr_kv_policy::KvPolicy;
+use llmr_kv_policy::{Calibration, KvPolicy};
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -61,6 +61,9 @@ struct LoadedModel {
     pooling: Pooling,
     /// The KV policy its scheduler runs (patches apply on top of it).
     policy: Mutex<KvPolicy>,
+    /// What each KV level costs this model in quality, where the evaluator measured it
+    /// (`delta_ppl_est` in the metrics).
+    calibration: Option<Calibration>,
     /// `tokenizer.json`, read again when the first constrained request comes.
     tokenizer_file: PathBuf,
     /// What `generation_config.json` recommends for sampling.
@@ -167,9 +170,23 @@ impl NativeEngine {
     /// The sliding-window layers whose blocks out of every window still to come give their
     /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
     /// as llama.cpp's) keeps every position.
+    /// A setting from the model's load options, else the engine's params.
+    fn setting<'a>(&'a self, desc: &'a ModelDesc, key: &str) -> Option<&'a serde_json::Value> {
+        desc.options.get(key).or_else(|| self.config.params.get(key))
+    }
+
+    /// The model's KV calibration table (`kv-eval --calibrate` writes it into the model's
+    /// folder). A table that cannot be read is logged and left out: it only feeds an estimate.
+    fn calibration(&self, dir: &std::path::Path) -> Option<Calibration> {
+        Calibration::read(dir).unwrap_or_else(|e| {
+            self.config.logger.warn(&format!("KV calibration table ignored: {e}"));
+            None
+        })
+    }
+
     fn window_layers(&self, desc: &ModelDesc, config: &ModelConfig) -> Result<Vec<usize>, EngineError> {
         let key = "swa_full";
-        let full = match desc.options.get(key).or_else(|| self.config.params.get(key)) {
+        let full = match self.setting(desc, key) {
             None => false,
             Some(v) => {
                 v.as_bool().ok_or_else(|| EngineError::load_failed(format!("`{key}` takes true or false, got {v}")))?
@@ -186,7 +203,7 @@ impl NativeEngine {
     /// sequence can always run.
     fn kv_budget(&self, desc: &ModelDesc, shape: Shape, ctx: usize, blocks: usize) -> Result<usize, EngineError> {
         let key = "kv_budget_mib";
-        let Some(value) = desc.options.get(key).or_else(|| self.config.params.get(key)) else {
+        let Some(value) = self.setting(desc, key) else {
             return Ok(blocks * shape.block_bytes());
         };
         let one_context = ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
@@ -343,6 +360,7 @@ impl Engine for NativeEngine {
             threads,
             kv_blocks,
             policy: Mutex::new(policy),
+            calibration: self.calibration(&desc.model_dir),
             tokenizer_file: desc.model_dir.join("tokenizer.json"),
             sampling_defaults: generation_config::sampling_defaults(&desc.model_dir),
             grammar: OnceLock::new(),
@@ -531,6 +549,9 @@ impl Engine for NativeEngine {
                     "kv_budget_bytes": get(&s.kv_budget_bytes),
                     "kv_levels": { "L0": positions(0), "L1": positions(1), "L2": positions(2), "L3": positions(3) },
                     "kv_policy": *m.policy.lock().unwrap(),
+                    // Relative delta-PPL (percent) of the cache as it is now, from the model's
+                    // calibration table; null where it has none.
+                    "delta_ppl_est": m.calibration.as_ref().map(|c| c.estimate([0, 1, 2, 3].map(positions))),
                     "policy_passes_total": get(&s.policy_passes_total),
                     "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,
                     "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),

@@ -87,3 +87,63 @@ fn a_refused_policy_change_names_the_field_and_changes_nothing() {
     assert_eq!(after["mode"], "dynamic", "a patch keeps what it does not name");
     assert_eq!(model_metrics(&e)["kv_policy"], after);
 }
+
+/// With a calibration table in the model's folder (what `kv-eval --calibrate` writes) the engine
+/// reports `delta_ppl_est`: each level's cost weighted by the share of positions at that level,
+/// read while a request runs; without a table, null.
+#[test]
+fn the_quality_estimate_comes_from_the_models_calibration_table() {
+    // Two folders linking SmolLM2's files (not a table the cache may hold), one given a table.
+    let linked = |name: &str| {
+        let dir = std::env::temp_dir().join(format!("llmr-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(cached_model("smollm2-hf")).unwrap() {
+            let entry = entry.unwrap();
+            if !entry.file_name().to_string_lossy().starts_with('.') {
+                std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).unwrap();
+            }
+        }
+        dir
+    };
+    let (dir, plain) = (linked("calibrated"), linked("uncalibrated"));
+    let (int8, int4, evicted) = (2.0, 5.0, 40.0);
+    let table = json!({"model": "smollm2-hf", "corpus": "test", "ctx": 2048,
+        "cost": {"int8": int8, "int4": int4, "evicted": evicted}, "points": []});
+    std::fs::write(dir.join(".llmr-kv-calibration.json"), table.to_string()).unwrap();
+
+    // Metrics read at the 8th token of a 600-token prompt, its old blocks at int8.
+    let metrics_while_running = |dir: &std::path::Path| -> Value {
+        let e = instance(&plugin(), 1);
+        let mut s = spec("smollm2", dir);
+        s.options = Some(json!({"kv_policy": {"static_level": "int8", "recent_window": 16}}));
+        e.load_model(&s).unwrap();
+        let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+        let prompt: String = text.chars().skip(20_000).take(2_400).collect();
+        let sampling = Sampling { max_tokens: Some(12), ..Sampling::greedy() };
+        let params = InferParams { ignore_eos: true, ..InferParams::new(1, "smollm2", &prompt, sampling) };
+        let (mut seen, mut during) = (0, Value::Null);
+        e.infer(&params, |_| {
+            seen += 1;
+            if seen == 8 {
+                during = model_metrics(&e);
+            }
+            true
+        })
+        .unwrap();
+        during
+    };
+    let m = metrics_while_running(&dir);
+    let level = |l: &str| m["kv_levels"][l].as_f64().unwrap();
+    let total = level("L0") + level("L1") + level("L2") + level("L3");
+    assert!(level("L1") > total / 2.0, "most positions at int8: {m}");
+    let want = (int8 * level("L1") + int4 * level("L2") + evicted * level("L3")) / total;
+    let got = m["delta_ppl_est"].as_f64().unwrap_or_else(|| panic!("no estimate: {m}"));
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}: {m}");
+
+    let uncalibrated = metrics_while_running(&plain);
+    assert!(uncalibrated["kv_levels"]["L1"].as_u64().unwrap() > 0, "{uncalibrated}");
+    assert!(uncalibrated["delta_ppl_est"].is_null(), "{uncalibrated}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&plain).unwrap();
+}
