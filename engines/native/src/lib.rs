@@ -167,9 +167,6 @@ impl NativeEngine {
         cfg!(feature = "cuda") && self.config.gpu_backend == abi::LLMR_GPU_CUDA
     }
 
-    /// The sliding-window layers whose blocks out of every window still to come give their
-    /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
-    /// as llama.cpp's) keeps every position.
     /// A setting from the model's load options, else the engine's params.
     fn setting<'a>(&'a self, desc: &'a ModelDesc, key: &str) -> Option<&'a serde_json::Value> {
         desc.options.get(key).or_else(|| self.config.params.get(key))
@@ -184,6 +181,9 @@ impl NativeEngine {
         })
     }
 
+    /// The sliding-window layers whose blocks out of every window still to come give their
+    /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
+    /// as llama.cpp's) keeps every position.
     fn window_layers(&self, desc: &ModelDesc, config: &ModelConfig) -> Result<Vec<usize>, EngineError> {
         let key = "swa_full";
         let full = match self.setting(desc, key) {

@@ -65,6 +65,17 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// Asks for column `i` of the four rows after the tile at `wp` (rows of `k` values): the
+/// task's next tile, read from memory while this one is computed. A prefetch never faults, so
+/// the address may lie past the weights.
+#[inline(always)]
+fn prefetch_next_tile<W>(wp: *const W, k: usize, i: usize) {
+    for r in 0..4 {
+        // SAFETY: a prefetch is a hint that reads nothing architecturally and never faults.
+        unsafe { _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0) };
+    }
+}
+
 /// Dot products of `x` with the four rows `w[0..k]`, `w[k..2k]`, `w[2k..3k]`, `w[3k..4k]`.
 ///
 /// # Safety
@@ -82,9 +93,7 @@ pub unsafe fn dot4<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
         // an address past the slice is allowed (it never faults).
         unsafe {
             if i % 32 == 0 {
-                for r in 0..4 {
-                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
-                }
+                prefetch_next_tile(wp, k, i);
             }
             let xv = _mm256_loadu_ps(xp.add(i));
             for (r, a) in acc.iter_mut().enumerate() {
@@ -122,9 +131,7 @@ pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W], prefetch: bool)
         // slice never faults.
         unsafe {
             if prefetch && i % 32 == 0 {
-                for r in 0..4 {
-                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
-                }
+                prefetch_next_tile(wp, k, i);
             }
             let x0v = _mm256_loadu_ps(x0.as_ptr().add(i));
             let x1v = _mm256_loadu_ps(x1.as_ptr().add(i));
@@ -172,9 +179,7 @@ pub unsafe fn dot4x3<W: Weight>(x: [&[f32]; 3], w: &[W], prefetch: bool) -> [[f3
         // slice never faults.
         unsafe {
             if prefetch && i % 32 == 0 {
-                for r in 0..4 {
-                    _mm_prefetch(wp.wrapping_add((4 + r) * k + i) as *const i8, _MM_HINT_T0);
-                }
+                prefetch_next_tile(wp, k, i);
             }
             let (x0, x1, x2) = (_mm256_loadu_ps(p0.add(i)), _mm256_loadu_ps(p1.add(i)), _mm256_loadu_ps(p2.add(i)));
             for r in 0..4 {
