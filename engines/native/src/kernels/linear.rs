@@ -3,7 +3,7 @@
 //!
 //! Work is split over output rows on the model's thread pool. Below [`GEMM_MIN_ROWS`] input rows
 //! (decode: one per sequence), a task takes a tile of four weight rows as stored, widened in
-//! registers, and runs it against three inputs at a time (two for what is left), prefetching the
+//! registers, and runs it against three inputs at a time (then a pair or a single for the rest), prefetching the
 //! next tile: each weight is read from memory once per step and the reading overlaps the
 //! arithmetic. From there on (prefill chunks), a task widens a panel of rows to f32 once and runs
 //! a GEMM over it. Several projections of the same input (q/k/v, gate/up) run as one parallel
