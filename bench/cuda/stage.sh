@@ -2,8 +2,10 @@
 # Builds the native engine with `--features cuda` (no CUDA toolkit needed: cudarc opens the CUDA
 # libraries at run time) and gathers what a GPU machine without Rust needs into DIR: the plugin,
 # the integration-test binary, engine-bench, and the configs and tokenizers of the test models
-# (their weights are made there by random_weights.py).
-#   bench/cuda/stage.sh DIR
+# (their weights are made there by random_weights.py). With LLAMA_CPP=1, also llama.cpp's source
+# tree (bench/reference/build.sh's, its other GPU backends left out) and skeletons of the F16
+# GGUFs (random_gguf.py), for llama_cpp.sh there. A call carries 64 MiB: `tar cJf` the folder.
+#   [LLAMA_CPP=1] bench/cuda/stage.sh DIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="$1"
@@ -25,4 +27,17 @@ for m in smollm2-hf gemma3-hf qwen2.5-hf; do
   mkdir -p "$out/models/$m"
   cp "$cache/$m"/*.json "$out/models/$m/"
 done
+if [ "${LLAMA_CPP:-0}" = 1 ]; then
+  src="${LLMR_REFERENCE_CACHE:-$HOME/.cache/llmr/reference}/llama-cpp-python-0.3.36/llama.cpp"
+  [ -f "$src/CMakeLists.txt" ] || { echo "stage.sh: no llama.cpp tree at $src: run bench/reference/build.sh first" >&2; exit 1; }
+  others=(virtgpu cann openvino webgpu et metal hexagon sycl vulkan opencl zdnn musa zendnn)
+  mkdir -p "$out/llama.cpp" "$out/skel"
+  tar cf - -C "$src" --exclude=.git --exclude=tools/ui --exclude=tools/server/public "${others[@]/#/--exclude=ggml/src/ggml-}" \
+    CMakeLists.txt cmake ggml src include common tools vendor app gguf-py LICENSE licenses | tar xf - -C "$out/llama.cpp"
+  python="$cache/.venv/bin/python"  # scripts/fetch-models' own venv: numpy and gguf
+  scripts/fetch-models smollm2-f16 gemma3-f16 >/dev/null
+  for m in smollm2-135m-instruct gemma-3-270m; do
+    PYTHONPATH="$out/llama.cpp/gguf-py" "$python" bench/cuda/random_gguf.py skeleton "$cache/$m-f16.gguf" "$out/skel/$m.skel.gguf"
+  done
+fi
 du -sh "$out"

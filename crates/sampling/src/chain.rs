@@ -91,6 +91,12 @@ impl Sampler {
         matches!(self.kind, Kind::Chain(_))
     }
 
+    /// Whether this request takes the most likely id as it is (greedy, no penalties): a model
+    /// that finds it itself, such as on a GPU, can then hand over the id instead of the logits.
+    pub fn is_argmax(&self) -> bool {
+        matches!(self.kind, Kind::Direct(Direct::Argmax))
+    }
+
     /// The next token from `logits`. `history` is what the penalties look back over (only its
     /// last [`PENALTY_LAST_N`] tokens count; ids outside the vocabulary are ignored): the tokens
     /// generated so far, as the llama.cpp plugin's chain sees them (llama-server adds the prompt).

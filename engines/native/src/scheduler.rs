@@ -102,6 +102,20 @@ pub struct StepSettings {
     pub ctx_per_seq: usize,
 }
 
+/// What a step produced for the sequences that sample: logits rows, or (greedy steps on a
+/// model that finds them itself) the ids.
+enum StepOutput {
+    Logits(Vec<f32>),
+    Ids(Vec<u32>),
+}
+
+/// One sequence's share of a [`StepOutput`].
+#[derive(Clone, Copy)]
+enum Drawn<'a> {
+    Logits(&'a [f32]),
+    Id(u32),
+}
+
 struct Running {
     job: Job,
     table: BlockTable,
@@ -389,11 +403,22 @@ impl Scheduler {
                 row += 1;
             }
         }
+        // When every sampling sequence takes the most likely id as it is, a model that finds
+        // it itself (on a GPU) hands over ids rather than the vocabulary's logits.
+        let greedy = self
+            .running
+            .iter()
+            .filter(|r| r.logits_row.is_some())
+            .all(|r| r.sampler.is_argmax() && r.constrained.is_none() && r.job.sampling.logprobs.is_none());
         let started = Instant::now();
         let tables: Vec<&BlockTable> = self.running.iter().map(|r| &r.table).collect();
         let (model, pool, scratch) = (&self.model, &mut self.pool, &mut self.scratch);
-        let logits = match self.threads.install(|| model.forward(pool, &tables, &batch, scratch)) {
-            Ok(logits) => logits,
+        let out = self.threads.install(|| match greedy.then(|| model.argmax(&tables, &batch)).flatten() {
+            Some(ids) => ids.map(StepOutput::Ids),
+            None => model.forward(pool, &tables, &batch, scratch).map(StepOutput::Logits),
+        });
+        let out = match out {
+            Ok(out) => out,
             Err(e) => return self.fail_running(&e.to_string()),
         };
         self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
@@ -412,8 +437,11 @@ impl Scheduler {
         while i < self.running.len() {
             match self.running[i].logits_row {
                 Some(row) => {
-                    let logits = &logits[row * self.vocab..(row + 1) * self.vocab];
-                    if self.sample(i, logits) {
+                    let drawn = match &out {
+                        StepOutput::Logits(logits) => Drawn::Logits(&logits[row * self.vocab..(row + 1) * self.vocab]),
+                        StepOutput::Ids(ids) => Drawn::Id(ids[row]),
+                    };
+                    if self.sample(i, drawn) {
                         i += 1;
                     }
                 }
@@ -424,13 +452,15 @@ impl Scheduler {
 
     /// Samples the next token of sequence `i`; returns false when the sequence ended (and left
     /// `running`).
-    fn sample(&mut self, i: usize, logits: &[f32]) -> bool {
+    fn sample(&mut self, i: usize, drawn: Drawn) -> bool {
         let tk = &self.tokenizer;
         let ctx_per_seq = self.settings.ctx_per_seq;
         let r = &mut self.running[i];
-        let token = match r.constrained.as_mut() {
-            None => r.sampler.sample(logits, &r.tokens),
-            Some(c) => {
+        let token = match (drawn, r.constrained.as_mut()) {
+            // Only greedy sequences without a constraint or logprobs get an id (`step`).
+            (Drawn::Id(id), _) => id,
+            (Drawn::Logits(logits), None) => r.sampler.sample(logits, &r.tokens),
+            (Drawn::Logits(logits), Some(c)) => {
                 let drawn = c.sample(logits, &r.tokens);
                 self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
                 self.stats.constraint_ns_total.fetch_add(c.take_mask_time().as_nanos() as u64, Ordering::Relaxed);
@@ -446,12 +476,12 @@ impl Scheduler {
         r.first_token.get_or_insert_with(Instant::now);
         r.generated += 1;
         self.stats.tokens_generated_total.fetch_add(1, Ordering::Relaxed);
-        let (logprob, top) = match r.job.sampling.logprobs {
-            None => (0.0, Vec::new()),
-            Some(n) => {
+        let (logprob, top) = match (r.job.sampling.logprobs, drawn) {
+            (Some(n), Drawn::Logits(logits)) => {
                 let (lp, top) = logprobs(logits, token as usize, n as usize);
                 (lp, top.into_iter().map(|(id, lp)| (id as i32, lp, tk.piece(id as u32))).collect())
             }
+            _ => (0.0, Vec::new()),
         };
         let end = tk.is_end(token) && !r.job.ignore_eos;
         let mut text = String::new();

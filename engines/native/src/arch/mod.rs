@@ -247,6 +247,19 @@ impl Model {
         self.run(pool, tables, batch, s, Output::Logits)
     }
 
+    /// The most likely id of each token that asked for logits, where the model finds them
+    /// itself: a GPU model, on the device, so that the host reads 4 bytes a row rather than
+    /// the vocabulary's logits. `None` where it does not (the CPU models): sample from
+    /// [`Model::forward`] instead.
+    pub fn argmax(&self, tables: &[&BlockTable], batch: &[BatchToken]) -> Option<Result<Vec<u32>, ForwardError>> {
+        #[cfg(feature = "cuda")]
+        if let Model::Cuda(m) = self {
+            return Some(m.argmax(tables, batch).map_err(|e| ForwardError(e.to_string())));
+        }
+        let _ = (tables, batch);
+        None
+    }
+
     /// As [`Model::forward`], returning final hidden states in place of logits.
     pub fn hidden(
         &self,

@@ -68,6 +68,7 @@ pub struct Kernels {
     pub gated: CudaFunction,
     pub gather: CudaFunction,
     pub softcap: CudaFunction,
+    pub argmax_rows: CudaFunction,
 }
 
 pub struct Gpu {
@@ -132,6 +133,7 @@ impl Gpu {
             gated: f("gated")?,
             gather: f("gather")?,
             softcap: f("softcap")?,
+            argmax_rows: f("argmax_rows")?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
         let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
@@ -181,7 +183,7 @@ impl Gpu {
     }
 
     /// Waits for the stream, then reads `out.len()` values from the start of `buf`.
-    pub fn read(&self, buf: &DevBuf, out: &mut [f32]) -> Result<(), GpuError> {
+    pub fn read<T: DeviceRepr>(&self, buf: &DevBuf, out: &mut [T]) -> Result<(), GpuError> {
         assert!(std::mem::size_of_val(out) <= buf.bytes);
         // SAFETY: as in `write`; synchronizing makes the values final before returning.
         unsafe { drv::memcpy_dtoh_async(out, buf.ptr, self.stream.cu_stream()) }.map_err(cuda)?;

@@ -241,3 +241,44 @@ extern "C" __global__ void softcap(float* x, float cap, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
+
+// (v, i) becomes (v2, i2) when that is larger, or as large at a smaller index.
+__device__ __forceinline__ void keep_larger(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+// ids[r] = the index of the largest value of row r of `x` (rows of `vocab`), the first where
+// several tie, as llmr_sampling::argmax picks it on the host: NaN never wins, and a row with
+// nothing above -inf gives 0. One block per row, blockDim.x a multiple of 32.
+extern "C" __global__ void argmax_rows(const float* x, int vocab, int* ids) {
+    const float* row = x + (size_t)blockIdx.x * vocab;
+    const float neg_inf = __int_as_float(0xff800000);
+    const int none = 0x7fffffff;
+    float v = neg_inf;
+    int i = none;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x)
+        if (row[c] > v) {
+            v = row[c];
+            i = c;
+        }
+    for (int o = 16; o > 0; o >>= 1)
+        keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    __shared__ float best[32];
+    __shared__ int at[32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        best[warp] = v;
+        at[warp] = i;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    bool held = lane < (int)(blockDim.x / 32);
+    v = held ? best[lane] : neg_inf;
+    i = held ? at[lane] : none;
+    for (int o = 16; o > 0; o >>= 1)
+        keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    if (lane == 0) ids[blockIdx.x] = v > neg_inf ? i : 0;
+}

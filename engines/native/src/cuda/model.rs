@@ -116,6 +116,8 @@ struct StepBuffers {
     cast: DevBuf,
     last: DevBuf,
     out: DevBuf,
+    /// The most likely id of each output row, when the step picks them on the device.
+    picked: DevBuf,
 }
 
 pub struct CudaModel {
@@ -158,8 +160,18 @@ struct StepShape {
     stride: usize,
     /// Tokens whose output is wanted.
     rows: usize,
-    /// Hidden states rather than logits.
-    hidden: bool,
+    want: Want,
+}
+
+/// What a step leaves for the host to read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Want {
+    Logits,
+    /// Final hidden states (embeddings).
+    Hidden,
+    /// The most likely id of each row (greedy decoding): the host reads 4 bytes a row, not the
+    /// vocabulary's logits (1 MiB a row for Gemma 3's 262,144 ids).
+    Argmax,
 }
 
 /// Decoding steps of at most this many sequences are captured as graphs; larger ones spend
@@ -298,6 +310,7 @@ impl CudaModel {
             cast: f32s(tokens * widest)?,
             last: f32s(tokens * c.hidden)?,
             out: f32s(out_rows * c.vocab.max(c.hidden))?,
+            picked: f32s(out_rows)?,
         });
         Ok(true)
     }
@@ -352,14 +365,46 @@ impl CudaModel {
     }
 
     /// Runs `batch` as [`crate::arch::Model::forward`] does, its keys and values stored in the
-    /// device blocks that `tables` name. Small steps (decoding) are captured once per shape as a
-    /// CUDA graph and replayed: one launch for the whole step instead of ~10 a layer.
+    /// device blocks that `tables` name.
     pub fn forward(&self, tables: &[&BlockTable], batch: &[BatchToken], output: Output) -> Result<Vec<f32>, GpuError> {
+        let want = if output == Output::Hidden { Want::Hidden } else { Want::Logits };
+        self.step(tables, batch, want, |b, shape| {
+            let width = if shape.want == Want::Hidden { self.config.hidden } else { self.config.vocab };
+            let mut host = vec![0f32; shape.rows * width];
+            if !host.is_empty() {
+                self.gpu.read(&b.out, &mut host)?;
+            }
+            Ok(host)
+        })
+    }
+
+    /// As [`CudaModel::forward`] with logits, but returns the most likely id of each output row,
+    /// picked on the device (greedy decoding).
+    pub fn argmax(&self, tables: &[&BlockTable], batch: &[BatchToken]) -> Result<Vec<u32>, GpuError> {
+        self.step(tables, batch, Want::Argmax, |b, shape| {
+            let mut ids = vec![0i32; shape.rows];
+            if !ids.is_empty() {
+                self.gpu.read(&b.picked, &mut ids)?;
+            }
+            Ok(ids.into_iter().map(|id| id as u32).collect())
+        })
+    }
+
+    /// Runs one step and hands its buffers to `read` once the stream has run it. Small steps
+    /// (decoding) are captured once per shape as a CUDA graph and replayed: one launch for the
+    /// whole step instead of ~10 a layer.
+    fn step<T: Default>(
+        &self,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        want: Want,
+        read: impl FnOnce(&StepBuffers, &StepShape) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
         let g = &self.gpu;
         g.ctx.bind_to_thread().map_err(cuda)?;
         let n = batch.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(T::default());
         }
         let rows: Vec<i32> = (0..n).filter(|&t| batch[t].logits).map(|t| t as i32).collect();
         // Block tables padded to a power of two, so that a decoding sequence's graph serves
@@ -384,7 +429,7 @@ impl CudaModel {
             g.write(buf, v)?;
         }
         let m = rows.len();
-        let shape = StepShape { tokens: n, stride, rows: m, hidden: output == Output::Hidden };
+        let shape = StepShape { tokens: n, stride, rows: m, want };
         // Decoding steps (every token wants its logits) repeat their shape step after step;
         // prompt chunks rarely do, and run kernel by kernel.
         if m == n && n <= GRAPH_MAX_TOKENS && !self.graphs_off.load(Ordering::Relaxed) {
@@ -408,21 +453,11 @@ impl CudaModel {
             }
             if let Some(graph) = graphs.get(&shape) {
                 graph.launch()?;
-                return self.read_output(b, &shape);
+                return read(b, &shape);
             }
         }
         self.enqueue(b, &shape)?;
-        self.read_output(b, &shape)
-    }
-
-    /// The output rows of the step, once the stream has run it.
-    fn read_output(&self, b: &StepBuffers, shape: &StepShape) -> Result<Vec<f32>, GpuError> {
-        let width = if shape.hidden { self.config.hidden } else { self.config.vocab };
-        let mut host = vec![0f32; shape.rows * width];
-        if !host.is_empty() {
-            self.gpu.read(&b.out, &mut host)?;
-        }
-        Ok(host)
+        read(b, &shape)
     }
 
     /// Puts one step on the stream: every kernel and product from the embedding lookup to the
@@ -542,7 +577,7 @@ impl CudaModel {
             &[Arg::Ptr(b.x.ptr), Arg::Ptr(b.rows.ptr), Arg::Ptr(b.last.ptr), Arg::I32(d as i32)],
         )?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        if shape.hidden {
+        if shape.want == Want::Hidden {
             self.norm((b.last.ptr, 0), &self.norm, m, d, 0, b.out.ptr, 0, Elem::F32)?;
         } else {
             self.norm((b.last.ptr, 0), &self.norm, m, d, 0, 0, b.cast.ptr, head.w.elem)?;
@@ -550,6 +585,14 @@ impl CudaModel {
             if let Some(cap) = c.final_logit_softcap {
                 let total = m * c.vocab;
                 g.launch_flat(&k.softcap, total, &[Arg::Ptr(b.out.ptr), Arg::F32(cap), Arg::U64(total as u64)])?;
+            }
+            if shape.want == Want::Argmax {
+                g.launch(
+                    &k.argmax_rows,
+                    (m as u32, 1),
+                    1024,
+                    &[Arg::Ptr(b.out.ptr), Arg::I32(c.vocab as i32), Arg::Ptr(b.picked.ptr)],
+                )?;
             }
         }
         Ok(())

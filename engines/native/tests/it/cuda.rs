@@ -52,6 +52,49 @@ fn every_dense_golden_matches_transformers_on_the_gpu() {
     );
 }
 
+/// Greedy steps take their ids from the device (`CudaModel::argmax`): the same ids the host
+/// picks from the same step's logits, for a prompt (every row) and for decoding steps replayed
+/// as graphs, Gemma's soft-capping included.
+#[test]
+fn the_gpu_picks_the_ids_the_host_picks_from_its_logits() {
+    for name in ["llama", "gemma3_text_softcap_linear"] {
+        let golden = load_golden(name);
+        let dir = golden_checkpoint_in_temp(name);
+        let config = ModelConfig::read(&dir.join("config.json")).unwrap();
+        let checkpoint = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
+        let (gpu, mut pool) = on_gpu(&config, &checkpoint, 64).unwrap();
+        let input = ids(&golden["input_ids"]);
+        let n = input.len();
+        // Two sequences over the same tokens: one read as logits, one as ids.
+        let mut tables = vec![BlockTable::default(), BlockTable::default()];
+        for t in &mut tables {
+            pool.reserve(t, n).unwrap();
+        }
+        let batch = |seq: usize, start: usize, end: usize| -> Vec<BatchToken> {
+            (start..end).map(|pos| BatchToken { token: input[pos], seq, pos, logits: true }).collect()
+        };
+        let mut runs = vec![(0, n / 2)];
+        runs.extend((n / 2..n).map(|p| (p, p + 1)));
+        let mut picked = 0;
+        for (start, end) in runs {
+            for t in &mut tables {
+                t.len = end;
+            }
+            let refs: Vec<&BlockTable> = tables.iter().collect();
+            let logits = gpu.forward(&mut pool, &refs, &batch(0, start, end), &mut Scratch::default()).unwrap();
+            let want: Vec<u32> =
+                logits.chunks_exact(config.vocab).map(|row| llmr_sampling::argmax(row) as u32).collect();
+            let got = gpu.argmax(&refs, &batch(1, start, end)).expect("a GPU model picks ids").unwrap();
+            assert_eq!(got, want, "{name}: positions {start}..{end}");
+            picked += got.len();
+        }
+        assert_eq!(picked, n, "{name}");
+        let Model::Cuda(m) = &gpu else { unreachable!() };
+        assert!(m.captured_steps() > 0, "{name}: decoding steps were not captured as CUDA graphs");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// The plugin as a node loads it from `engines/native/cuda/`: the scheduler's continuous
 /// batching over device blocks, with three requests of each golden at once.
 #[test]
