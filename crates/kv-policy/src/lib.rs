@@ -18,8 +18,9 @@
 //!
 //! The decision is the spec's: pressure above `high` and `I < evict` evicts, pressure above
 //! `mid` and `I < int4` goes to int4, `I < int8` to int8, else f16. The recent window and the
-//! sink tokens (the first block of the native engine) are never touched. Levels only go down: promotion (an exact
-//! f16 copy in a host tier, or recomputation) is not built yet.
+//! sink tokens (the first block of the native engine) are never touched. A block stored lower
+//! than `decide` now gives goes back up where the engine kept its f16 copy (the native engine's
+//! spill tier); without one, levels only go down.
 //!
 //! What a policy costs a model in quality is estimated from a table the evaluator measures for
 //! that model (`calibration.rs`); the slow loop switches profiles to keep that estimate inside

@@ -4,8 +4,10 @@
 //!
 //! Over budget, one step safer (aggressive, balanced, safe). Well inside it (under half) while
 //! the cache is past the profile's first pressure band, one step bolder, to save memory while
-//! quality allows. Levels only go down, so a safer profile stops further loss; it does not undo
-//! what was already quantized or evicted, and the estimate falls only as those blocks leave.
+//! quality allows. A safer profile stops further loss. In an engine that keeps f16 copies (the
+//! native engine's spill tier), it also promotes the blocks the safer profile puts higher.
+//! Without copies, it cannot undo what was already quantized or evicted, and the estimate falls
+//! only as those blocks leave.
 
 use crate::{Pressure, Profile};
 

@@ -128,6 +128,8 @@ impl ControlState {
                 "kv_cache_type": figures.get("kv_cache_type"),
                 "policy_passes_total": figures.get("policy_passes_total"),
                 "policy_seconds_total": figures.get("policy_seconds_total"),
+                "policy_blocks_changed_total": figures.get("policy_blocks_changed_total"),
+                "policy_blocks_promoted_total": figures.get("policy_blocks_promoted_total"),
                 "policy_errors_total": figures.get("policy_errors_total"),
                 "delta_ppl_est": figures.get("delta_ppl_est"),
             }));

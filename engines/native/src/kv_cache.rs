@@ -21,6 +21,7 @@
 //!   on a prefix only where the window before its end is still whole in every layer.
 
 pub use crate::kv_levels::{LayerBlock, Level};
+use crate::kv_spill::{Slot, Spill};
 use half::f16;
 use rayon::prelude::*;
 use std::collections::{HashMap, VecDeque};
@@ -33,6 +34,8 @@ pub type BlockId = u32;
 
 struct Block {
     layers: Vec<LayerBlock>,
+    /// Per layer, the spill slot of its f16 copy while it is stored lower (empty: none).
+    copies: Vec<Option<Slot>>,
     refs: u32,
     /// Its key in the prefix index, once full and registered.
     key: Option<u64>,
@@ -99,6 +102,8 @@ pub struct KvPool {
     /// every position.
     sliding: Vec<usize>,
     window: usize,
+    /// The f16 copies of layers stored lower (`enable_spill`), for exact promotion.
+    spill: Option<Spill>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +142,7 @@ impl KvPool {
             index: HashMap::new(),
             sliding: Vec::new(),
             window: 0,
+            spill: None,
         }
     }
 
@@ -153,6 +159,21 @@ impl KvPool {
     /// blocks indexed by block id): `write` and `layer` are not for it.
     pub fn without_storage(shape: Shape, capacity: usize) -> Self {
         KvPool { stored: false, ..Self::new(shape, capacity) }
+    }
+
+    /// Keeps the f16 copy of every layer block stored lower from now on in a spill file, so
+    /// that `promote` is exact (`kv_spill.rs`). A pool without storage has nothing to copy.
+    /// On an error the pool is as it was.
+    pub fn enable_spill(&mut self) -> std::io::Result<()> {
+        if self.stored && self.spill.is_none() {
+            self.spill = Some(Spill::new(self.shape.layer_elems())?);
+        }
+        Ok(())
+    }
+
+    /// Layer blocks with an f16 copy in the spill tier.
+    pub fn spilled(&self) -> usize {
+        self.spill.as_ref().map_or(0, Spill::held)
     }
 
     /// This pool with a budget of `bytes` for its storage instead (blocks at lower levels
@@ -207,6 +228,14 @@ impl KvPool {
         (self.held - self.idle_held) as f64 / self.budget.max(1) as f64
     }
 
+    /// The pressure once `extra` more bytes are held by blocks in use.
+    pub fn pressure_with(&self, extra: usize) -> f64 {
+        if !self.stored {
+            return self.pressure();
+        }
+        (self.held - self.idle_held + extra) as f64 / self.budget.max(1) as f64
+    }
+
     /// Takes the oldest idle block out of the index, storage given back, into the free list.
     fn reclaim_idle(&mut self) -> bool {
         let Some(id) = self.idle.pop_front() else { return false };
@@ -220,9 +249,35 @@ impl KvPool {
 
     fn drop_storage(&mut self, id: BlockId) {
         self.held -= self.block_bytes(id);
-        let layers = &mut self.blocks[id as usize].layers;
-        self.lowered -= layers.iter().filter(|l| l.level() != Level::F16).count();
-        layers.clear();
+        let b = &mut self.blocks[id as usize];
+        self.lowered -= b.layers.iter().filter(|l| l.level() != Level::F16).count();
+        b.layers.clear();
+        for slot in b.copies.drain(..).flatten() {
+            self.spill.as_mut().expect("copies come from the spill").free(slot);
+        }
+    }
+
+    /// Writes layer `layer` of block `id` to the spill tier if it is f16 and the pool keeps
+    /// copies; a write that fails leaves the layer without a copy (it cannot be promoted
+    /// exactly, nothing else changes).
+    fn keep_copy(&mut self, id: usize, layer: usize) {
+        let Some(spill) = self.spill.as_mut() else { return };
+        let b = &mut self.blocks[id];
+        if b.layers[layer].level() != Level::F16 || matches!(b.layers[layer], LayerBlock::OutOfWindow) {
+            return;
+        }
+        if b.copies.len() < b.layers.len() {
+            b.copies.resize(b.layers.len(), None);
+        }
+        if b.copies[layer].is_none() {
+            b.copies[layer] = spill.put(&b.layers[layer]).ok();
+        }
+    }
+
+    fn drop_copy(&mut self, id: usize, layer: usize) {
+        if let Some(slot) = self.blocks[id].copies.get_mut(layer).and_then(Option::take) {
+            self.spill.as_mut().expect("copies come from the spill").free(slot);
+        }
     }
 
     fn allocate(&mut self) -> Result<BlockId, PoolFull> {
@@ -237,6 +292,7 @@ impl KvPool {
         } else if self.blocks.len() < self.capacity {
             self.blocks.push(Block {
                 layers: Vec::new(),
+                copies: Vec::new(),
                 refs: 0,
                 key: None,
                 tokens: [0; BLOCK_TOKENS],
@@ -343,7 +399,8 @@ impl KvPool {
             if self.blocks[id].refs > 1 {
                 continue;
             }
-            for &l in &self.sliding {
+            for l in self.sliding.clone() {
+                self.drop_copy(id, l);
                 let layer = &mut self.blocks[id].layers[l];
                 if matches!(layer, LayerBlock::Evicted | LayerBlock::OutOfWindow) {
                     continue;
@@ -442,14 +499,16 @@ impl KvPool {
             return false;
         }
         let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
-        let layers = &mut self.blocks[table.blocks[index] as usize].layers;
-        let range = layer.map_or(0..layers.len(), |l| l..l + 1);
+        let id = table.blocks[index] as usize;
+        let range = layer.map_or(0..self.shape.layers, |l| l..l + 1);
         // The layers in parallel, on the caller's thread pool (the scheduler's, between steps).
         let quantized: Vec<Option<LayerBlock>> =
-            layers[range.clone()].par_iter().map(|l| l.quantized(level, kv_heads, hd)).collect();
+            self.blocks[id].layers[range.clone()].par_iter().map(|l| l.quantized(level, kv_heads, hd)).collect();
         let mut changed = false;
-        for (l, q) in layers[range].iter_mut().zip(quantized) {
+        for (li, q) in range.zip(quantized) {
             if let Some(q) = q {
+                self.keep_copy(id, li);
+                let l = &mut self.blocks[id].layers[li];
                 self.held = self.held + q.bytes() - l.bytes();
                 self.lowered += (l.level() == Level::F16) as usize;
                 *l = q;
@@ -501,16 +560,64 @@ impl KvPool {
         if !self.stored || (index + 1) * BLOCK_TOKENS > table.len {
             return false;
         }
-        let b = &mut self.blocks[table.blocks[index] as usize];
-        if let Some(key) = b.key.take() {
+        let id = table.blocks[index] as usize;
+        if let Some(key) = self.blocks[id].key.take() {
             self.index.remove(&key);
         }
-        for l in &mut b.layers {
+        for li in 0..self.blocks[id].layers.len() {
+            self.keep_copy(id, li);
+            let l = &mut self.blocks[id].layers[li];
             self.held -= l.bytes();
             self.lowered += (l.level() == Level::F16) as usize;
             *l = LayerBlock::Evicted;
         }
         true
+    }
+
+    /// Whether some layer of the `index`-th block of `table` is stored lower than f16 and has
+    /// its f16 copy in the spill tier.
+    pub fn restorable(&self, table: &BlockTable, index: usize) -> bool {
+        let b = &self.blocks[table.blocks[index] as usize];
+        b.copies.iter().zip(&b.layers).any(|(c, l)| c.is_some() && l.level() != Level::F16)
+    }
+
+    /// Stores the `index`-th block of `table` at `level` again, higher than it is, from the
+    /// f16 copies of its layers in the spill tier: exactly the values first written (at
+    /// int8 or int4, quantized from them once). Only layers with a copy change, and only
+    /// while the budget has room (idle blocks give theirs back first). An evicted block comes
+    /// back but stays out of the prefix index. False when nothing changed.
+    pub fn promote(&mut self, table: &BlockTable, index: usize, level: Level) -> bool {
+        if self.spill.is_none() || index >= table.blocks.len() {
+            return false;
+        }
+        let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
+        let id = table.blocks[index] as usize;
+        let mut changed = false;
+        for li in 0..self.blocks[id].copies.len() {
+            let Some(slot) = self.blocks[id].copies[li] else { continue };
+            let old = &self.blocks[id].layers[li];
+            let (old_level, old_bytes) = (old.level(), old.bytes());
+            if old_level <= level {
+                continue;
+            }
+            let Ok(f16) = self.spill.as_ref().expect("checked above").get(slot) else { continue };
+            let new =
+                if level == Level::F16 { f16 } else { f16.quantized(level, kv_heads, hd).expect("a lower level") };
+            let new_bytes = new.bytes();
+            while self.held - old_bytes + new_bytes > self.budget {
+                if !self.reclaim_idle() {
+                    return changed;
+                }
+            }
+            self.held = self.held - old_bytes + new_bytes;
+            if level == Level::F16 {
+                self.lowered -= 1;
+                self.drop_copy(id, li);
+            }
+            self.blocks[id].layers[li] = new;
+            changed = true;
+        }
+        changed
     }
 
     /// Bytes of keys and values the pool's blocks hold, measured from the storage.
@@ -665,6 +772,56 @@ mod tests {
         assert_eq!(v[4].to_f32(), -1.0);
         let LayerBlock::F16 { k, .. } = p.layer(t.blocks[1], 0) else { panic!("written blocks are f16") };
         assert!(k.iter().all(|x| x.to_f32() == 0.0));
+    }
+
+    #[test]
+    fn promotion_brings_back_the_f16_values_exactly_within_the_budget() {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
+        let mut p = KvPool::new(shape, 4).with_budget(3 * shape.block_bytes());
+        p.enable_spill().unwrap();
+        let mut t = BlockTable::default();
+        p.reserve(&mut t, 48).unwrap();
+        t.len = 48;
+        for pos in 0..48 {
+            let k: Vec<f32> = (0..64).map(|c| (pos * 64 + c) as f32 * 0.00137).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x * 3.1).collect();
+            (0..2).for_each(|l| p.write(&t, l, pos, &k, &v));
+        }
+        let bits = |p: &KvPool, id: BlockId| -> Vec<Vec<u16>> {
+            (0..2)
+                .map(|l| match p.layer(id, l) {
+                    LayerBlock::F16 { k, v } => k.iter().chain(v.iter()).map(|x| x.to_bits()).collect(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        };
+        let before: Vec<_> = t.blocks.iter().map(|&id| bits(&p, id)).collect();
+        assert!(p.set_level(&t, 0, None, Level::Int4));
+        assert!(p.set_level(&t, 1, Some(0), Level::Int8));
+        assert!(p.evict(&t, 2));
+        assert_eq!(p.spilled(), 5, "every layer that left f16 has its copy");
+        assert!(p.restorable(&t, 0) && p.restorable(&t, 2));
+        // Up to int8 first: from the f16 copy, which stays.
+        assert!(p.promote(&t, 0, Level::Int8));
+        assert_eq!(p.level(&t, 0), Level::Int8);
+        assert_eq!(p.spilled(), 5);
+        for (i, want) in before.iter().enumerate() {
+            assert!(p.promote(&t, i, Level::F16));
+            assert_eq!(&bits(&p, t.blocks[i]), want, "block {i} is bit for bit what was written");
+        }
+        assert!(!p.promote(&t, 0, Level::F16), "nothing left to promote");
+        assert_eq!((p.spilled(), p.level_counts()), (0, [6, 0, 0, 0]));
+        assert_eq!(p.held_bytes(), p.stored_bytes());
+        // No room in the budget: a block stays where it is, its copy kept.
+        assert!(p.set_level(&t, 0, None, Level::Int4) && p.set_level(&t, 1, None, Level::Int4));
+        let mut other = BlockTable::default();
+        p.reserve(&mut other, 16).unwrap();
+        assert!(!p.promote(&t, 0, Level::F16) || !p.promote(&t, 1, Level::F16), "the budget holds three f16 blocks");
+        assert!(p.held_bytes() <= p.budget());
+        // Freed blocks give their copies back (unindexed ones at once; indexed ones once reclaimed).
+        p.free_table(&mut t);
+        p.free_table(&mut other);
+        assert_eq!(p.spilled(), 0);
     }
 
     #[test]

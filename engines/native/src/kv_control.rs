@@ -8,10 +8,21 @@
 //! cache does not have (`need`), the pass goes on past the thresholds down to the policy's
 //! emergency floor, least important first: int4 for every changeable block, then eviction,
 //! until the step fits.
+//!
+//! Where the pool keeps f16 copies (`KvPool::enable_spill`), the pass first goes the other way,
+//! most important first: a block stored lower than the policy now puts it (pressure fell, a
+//! safer profile, a static level raised, the baseline after a failure) goes back up from its
+//! copy, exactly. The policy is asked at the pressure the promotion would leave and for a
+//! block `PROMOTE_MARGIN` less important than this one, so that a block whose importance or
+//! pressure hovers at a threshold is not promoted and demoted pass after pass (each round trip
+//! writes and reads its copy).
 
 use crate::kv_cache::{BlockId, BlockTable, KvPool, Level, BLOCK_TOKENS};
 use llmr_kv_policy::{BlockSignals, KvPolicy};
 use std::collections::HashSet;
+
+/// How much more important than a threshold a block must be to be promoted over it.
+pub const PROMOTE_MARGIN: f64 = 0.1;
 
 /// A running sequence as the pass sees it.
 pub struct SeqView<'a> {
@@ -26,6 +37,8 @@ pub struct PassReport {
     pub examined: usize,
     /// Blocks it stored lower.
     pub changed: usize,
+    /// Blocks it stored higher again, from their f16 copies.
+    pub promoted: usize,
     pub bytes_before: usize,
     pub bytes_after: usize,
 }
@@ -41,7 +54,8 @@ pub fn apply(
     need: usize,
 ) -> PassReport {
     let mut report = PassReport { bytes_before: pool.held_bytes(), ..Default::default() };
-    if !policy.is_active() {
+    let promotable = pool.spilled() > 0;
+    if !policy.is_active() && !promotable {
         report.bytes_after = report.bytes_before;
         return report;
     }
@@ -61,7 +75,8 @@ pub fn apply(
         let len = seq.table.len;
         for i in policy.changeable(len, BLOCK_TOKENS) {
             let id = seq.table.blocks[i];
-            if protected.contains(&id) || pool.level(seq.table, i) == Level::Evicted {
+            let evicted = pool.level(seq.table, i) == Level::Evicted;
+            if protected.contains(&id) || (evicted && !pool.restorable(seq.table, i)) {
                 continue;
             }
             let signals = BlockSignals {
@@ -76,10 +91,28 @@ pub fn apply(
     }
     report.examined = candidates.len();
     candidates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut promoted = HashSet::new();
+    if promotable && need == 0 {
+        // As if the block came back whole at f16: the most it can add.
+        let whole = pool.shape().block_bytes();
+        for &(importance, s, i) in candidates.iter().rev() {
+            let table = seqs[s].table;
+            let current = pool.level(table, i);
+            if current == Level::F16 || !pool.restorable(table, i) {
+                continue;
+            }
+            let level = policy.decide(importance - PROMOTE_MARGIN, pool.pressure_with(whole));
+            if level < current && pool.promote(table, i, level) {
+                // By block: a shared one is a candidate once per sequence holding it.
+                promoted.insert(table.blocks[i]);
+            }
+        }
+    }
+    report.promoted = promoted.len();
     let mut changed = 0;
     let mut lower = |pool: &mut KvPool, s: usize, i: usize, level: Level| {
         let table = seqs[s].table;
-        if level > pool.level(table, i) {
+        if level > pool.level(table, i) && !promoted.contains(&table.blocks[i]) {
             let done =
                 if level == Level::Evicted { pool.evict(table, i) } else { pool.set_level(table, i, None, level) };
             changed += done as usize;
@@ -161,6 +194,50 @@ mod tests {
         use Level::*;
         assert_eq!(levels, [F16, Int4, Int4, Int8, Int4, Int4, Int8, Int8, F16, F16, F16, F16]);
         assert!(pool.pressure() < 0.6, "{}", pool.pressure());
+    }
+
+    #[test]
+    fn a_raised_level_or_a_lower_pressure_brings_blocks_back_up_from_their_copies() {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
+        let mut pool = KvPool::new(shape, 64).with_budget(16 * shape.block_bytes());
+        pool.enable_spill().unwrap();
+        let t = table(&mut pool, 10 * BLOCK_TOKENS);
+        let tokens = vec![1u32; t.len];
+        let seqs = [SeqView { table: &t, tokens: &tokens }];
+        let levels = |pool: &KvPool| (0..10).map(|i| pool.level(&t, i)).collect::<Vec<_>>();
+        use Level::*;
+        let at = |level: &str| KvPolicy::baseline().patched_json(&json!({ "static_level": level })).unwrap();
+        let r = apply(&at("int4"), &mut pool, &seqs, 4096, &|_| false, 0);
+        assert_eq!((r.changed, r.promoted), (5, 0));
+        let r = apply(&at("int8"), &mut pool, &seqs, 4096, &|_| false, 0);
+        assert_eq!((r.changed, r.promoted), (0, 5));
+        assert_eq!(levels(&pool), [F16, Int8, Int8, Int8, Int8, Int8, F16, F16, F16, F16]);
+        // The baseline (as after a failure in the policy path) brings every block back to f16.
+        let r = apply(&KvPolicy::baseline(), &mut pool, &seqs, 4096, &|_| false, 0);
+        assert_eq!((r.changed, r.promoted), (0, 5));
+        assert_eq!((levels(&pool), pool.spilled()), ([F16; 10].to_vec(), 0));
+
+        // Dynamic: under pressure the oldest blocks go to int4; once another sequence ends and
+        // the pressure falls, they come back to what the policy gives them there (int8).
+        let mut other = table(&mut pool, 4 * BLOCK_TOKENS);
+        let dynamic = KvPolicy::baseline().patched_json(&json!({"mode": "dynamic", "profile": "balanced"})).unwrap();
+        let pass = |pool: &mut KvPool, other: Option<&BlockTable>| {
+            let other_tokens = vec![2u32; 4 * BLOCK_TOKENS];
+            let mut seqs = vec![SeqView { table: &t, tokens: &tokens }];
+            seqs.extend(other.map(|o| SeqView { table: o, tokens: &other_tokens }));
+            apply(&dynamic, pool, &seqs, 192, &|_| false, 0)
+        };
+        assert!(pool.pressure() > 0.8);
+        let r = pass(&mut pool, Some(&other));
+        assert!(r.changed > 0 && r.promoted == 0);
+        let int4 = levels(&pool).iter().filter(|&&l| l == Int4).count();
+        assert!(int4 > 0, "{:?}", levels(&pool));
+        pool.free_table(&mut other);
+        let r = pass(&mut pool, None);
+        assert_eq!(r.promoted, int4, "{:?}", levels(&pool));
+        assert!(levels(&pool).iter().all(|&l| l <= Int8), "{:?}", levels(&pool));
+        assert!(pool.pressure() < 0.6);
+        assert_eq!(pool.held_bytes(), pool.stored_bytes());
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod kv_cache;
 pub mod kv_control;
 pub mod kv_eval;
 pub mod kv_levels;
+pub mod kv_spill;
 pub mod rope;
 mod scheduler;
 pub mod tokenizer;
@@ -172,6 +173,16 @@ impl NativeEngine {
         desc.options.get(key).or_else(|| self.config.params.get(key))
     }
 
+    /// A true/false setting (`default` when unset); anything else fails the load, naming it.
+    fn flag(&self, desc: &ModelDesc, key: &str, default: bool) -> Result<bool, EngineError> {
+        match self.setting(desc, key) {
+            None => Ok(default),
+            Some(v) => {
+                v.as_bool().ok_or_else(|| EngineError::load_failed(format!("`{key}` takes true or false, got {v}")))
+            }
+        }
+    }
+
     /// The model's KV calibration table (`kv-eval --calibrate` writes it into the model's
     /// folder). A table that cannot be read is logged and left out: it only feeds an estimate.
     fn calibration(&self, dir: &std::path::Path) -> Option<Calibration> {
@@ -181,18 +192,26 @@ impl NativeEngine {
         })
     }
 
+    /// Keeps the f16 copies of blocks stored lower in a spill file (`kv_spill.rs`), so that
+    /// promotion is exact, unless `kv_promotion` (a load option or engine param) is false: then
+    /// levels only go down. A spill file that cannot be created is logged, and levels only go
+    /// down.
+    fn enable_promotion(&self, desc: &ModelDesc, pool: &mut KvPool) -> Result<(), EngineError> {
+        if self.flag(desc, "kv_promotion", true)? {
+            if let Err(e) = pool.enable_spill() {
+                self.config
+                    .logger
+                    .warn(&format!("KV spill file not created ({e}): blocks are not promoted back to f16"));
+            }
+        }
+        Ok(())
+    }
+
     /// The sliding-window layers whose blocks out of every window still to come give their
     /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
     /// as llama.cpp's) keeps every position.
     fn window_layers(&self, desc: &ModelDesc, config: &ModelConfig) -> Result<Vec<usize>, EngineError> {
-        let key = "swa_full";
-        let full = match self.setting(desc, key) {
-            None => false,
-            Some(v) => {
-                v.as_bool().ok_or_else(|| EngineError::load_failed(format!("`{key}` takes true or false, got {v}")))?
-            }
-        };
-        if full {
+        if self.flag(desc, "swa_full", false)? {
             return Ok(Vec::new());
         }
         Ok((0..config.layers).filter(|&l| config.layer_attention[l] == config::LayerAttention::Sliding).collect())
@@ -314,7 +333,8 @@ impl Engine for NativeEngine {
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
         let budget = self.kv_budget(&desc, shape, ctx_per_seq as usize, kv_blocks)?;
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
-        let pool = pool.with_budget(budget).with_window(self.window_layers(&desc, &config)?, config.sliding_window);
+        let mut pool = pool.with_budget(budget).with_window(self.window_layers(&desc, &config)?, config.sliding_window);
+        self.enable_promotion(&desc, &mut pool)?;
         let mut policy = match desc.options.get("kv_policy") {
             Some(patch) => policy_for(&self.policy.lock().unwrap(), patch, false)?,
             None => *self.policy.lock().unwrap(),
@@ -555,6 +575,7 @@ impl Engine for NativeEngine {
                     "policy_passes_total": get(&s.policy_passes_total),
                     "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,
                     "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),
+                    "policy_blocks_promoted_total": get(&s.policy_blocks_promoted_total),
                     "policy_errors_total": get(&s.policy_errors_total),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
                     "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,

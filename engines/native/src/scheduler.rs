@@ -83,6 +83,8 @@ pub struct Stats {
     pub policy_passes_total: AtomicU64,
     pub policy_ns_total: AtomicU64,
     pub policy_blocks_changed_total: AtomicU64,
+    /// Blocks the policy stored higher again from their f16 copies.
+    pub policy_blocks_promoted_total: AtomicU64,
     /// Panics in the policy path, each followed by the baseline policy.
     pub policy_errors_total: AtomicU64,
     /// Tokens drawn under a grammar, and the time their masks took (computing, applying,
@@ -155,6 +157,9 @@ pub struct Scheduler {
     pacer: Pacer,
     policy: KvPolicy,
     next_pass: Instant,
+    /// A pass of the baseline policy (promotion only) failed: no more passes, lest a broken
+    /// cache fail every 10 ms.
+    promotion_failed: bool,
     stats: Arc<Stats>,
     logger: Logger,
 }
@@ -189,6 +194,7 @@ impl Scheduler {
             pacer: Pacer::default(),
             policy,
             next_pass: Instant::now(),
+            promotion_failed: false,
             stats,
             logger,
         }
@@ -524,7 +530,9 @@ impl Scheduler {
     fn control(&mut self, room: Option<usize>) -> bool {
         let now = Instant::now();
         let urgent = room.is_some() || self.pool.pressure() > self.policy.pressure.high;
-        if !self.policy.is_active() || (!urgent && now < self.next_pass) {
+        // The baseline too runs passes while blocks stored lower can come back up.
+        let idle = !self.policy.is_active() && (self.pool.spilled() == 0 || self.promotion_failed);
+        if idle || (!urgent && now < self.next_pass) {
             return false;
         }
         self.next_pass = now + MID_LOOP;
@@ -541,10 +549,12 @@ impl Scheduler {
         match pass {
             Ok(report) => {
                 s.policy_blocks_changed_total.fetch_add(report.changed as u64, Ordering::Relaxed);
+                s.policy_blocks_promoted_total.fetch_add(report.promoted as u64, Ordering::Relaxed);
                 report.bytes_after < report.bytes_before
             }
             Err(_) => {
                 s.policy_errors_total.fetch_add(1, Ordering::Relaxed);
+                self.promotion_failed |= !self.policy.is_active();
                 self.logger.error("the KV policy failed: back to the baseline (no more level changes)");
                 self.policy = KvPolicy::baseline();
                 self.pool.track_attention(false);

@@ -2,7 +2,8 @@
 //! one f16 context (2048 tokens) and three concurrent requests, any two of which need more
 //! than that. With the dynamic policy all three run whole (their blocks go to int8 / int4 as the
 //! budget fills); with the baseline policy the same budget ends one early. A refused policy
-//! change names its field and leaves the running policy as it was.
+//! change names its field and leaves the running policy as it was. A policy raised mid-request
+//! brings the blocks back to f16 from their copies.
 
 use crate::support::{cached_model, instance, plugin, spec};
 use llmr_engine_host::{EngineInstance, InferParams, InferResult, Sampling};
@@ -146,4 +147,48 @@ fn the_quality_estimate_comes_from_the_models_calibration_table() {
     assert!(uncalibrated["delta_ppl_est"].is_null(), "{uncalibrated}");
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&plain).unwrap();
+}
+
+/// A policy raised while a request runs brings its blocks back up: SmolLM2's old blocks at
+/// int8, then the baseline set mid-request, and within the request every block is f16 again,
+/// from the f16 copies the engine kept (`kv_promotion`, on by default). With `kv_promotion`
+/// false, levels only go down and the int8 blocks stay.
+#[test]
+fn a_policy_raised_mid_request_promotes_the_blocks_back_to_f16() {
+    let run = |promotion: bool| -> (Value, Value) {
+        let e = instance(&plugin(), 1);
+        let mut s = spec("smollm2", &cached_model("smollm2-hf"));
+        s.options =
+            Some(json!({"kv_policy": {"static_level": "int8", "recent_window": 16}, "kv_promotion": promotion}));
+        e.load_model(&s).unwrap();
+        let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+        let prompt: String = text.chars().skip(20_000).take(2_400).collect();
+        let sampling = Sampling { max_tokens: Some(48), ..Sampling::greedy() };
+        let params = InferParams { ignore_eos: true, ..InferParams::new(1, "smollm2", &prompt, sampling) };
+        let (mut seen, mut lowered, mut raised) = (0, Value::Null, Value::Null);
+        e.infer(&params, |_| {
+            seen += 1;
+            if seen == 8 {
+                lowered = model_metrics(&e);
+                e.set_config(Some("smollm2"), "kv_policy", &json!({"static_level": "f16"})).unwrap();
+            }
+            if seen == 40 {
+                raised = model_metrics(&e);
+            }
+            true
+        })
+        .unwrap();
+        (lowered, raised)
+    };
+    let levels =
+        |m: &Value| -> Vec<u64> { ["L0", "L1", "L2", "L3"].map(|l| m["kv_levels"][l].as_u64().unwrap()).to_vec() };
+    let (lowered, raised) = run(true);
+    eprintln!("int8: {:?}; after the baseline: {:?}", levels(&lowered), levels(&raised));
+    assert!(levels(&lowered)[1] > 0, "{lowered}");
+    assert_eq!(levels(&raised)[1..], [0, 0, 0], "{raised}");
+    assert!(raised["policy_blocks_promoted_total"].as_u64().unwrap() > 0, "{raised}");
+    let (lowered, raised) = run(false);
+    assert!(levels(&lowered)[1] > 0, "{lowered}");
+    assert_eq!(levels(&raised)[1], levels(&lowered)[1], "without copies the int8 blocks stay: {raised}");
+    assert_eq!(raised["policy_blocks_promoted_total"], 0);
 }
