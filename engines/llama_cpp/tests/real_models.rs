@@ -920,6 +920,51 @@ fn a_sliding_window_cache_resumes_from_its_window_or_a_checkpoint() {
     assert!(window_bytes > 0 && full_bytes > 3 * window_bytes, "window {window_bytes}, full {full_bytes}");
 }
 
+/// Speculation on a sliding-window cache (Gemma 3, window 512, `swa_full` off): a copying answer
+/// past position 512 drafts, and rejected drafts leave the cache (`seq_rm`) after the window
+/// has moved over them. The greedy answer is the one speculation off gives, token for token, up
+/// to a near tie of batch-shape noise, and drafts are kept.
+#[test]
+fn speculation_on_a_sliding_window_cache_keeps_the_greedy_answer() {
+    let hamlet = std::fs::read_to_string(model_path("corpus/hamlet_gut.txt")).unwrap();
+    let words: Vec<&str> = hamlet.split_whitespace().collect();
+    let passage = words[8000..8450].join(" ");
+    let prompt = format!(
+        "<start_of_turn>user\n{passage}\n\nRepeat the first lines of this text word for word.<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let engine =
+        EngineInstance::create(&plugin(), &InstanceConfig { slots: 1, context_length: 4096, ..Default::default() })
+            .unwrap();
+    let p = model_path("gemma-3-270m-q4_k_m.gguf");
+    engine.load_model(&ModelSpec::new("g", Format::Gguf, p.display().to_string())).unwrap();
+    assert_eq!(model_stats(&engine, "g")["kv_swa_full"], false);
+    let prompt_len = engine.tokenize("g", &prompt, true, true).unwrap().len();
+    assert!(prompt_len > 600, "past the 512-token window: {prompt_len}");
+    engine.set_config(Some("g"), "speculative_threshold", &serde_json::json!(0.0)).unwrap();
+    let sampling = Sampling { max_tokens: Some(64), logprobs: Some(2), ..Sampling::greedy() };
+    let off = Sampling { speculative: false, ..sampling.clone() };
+    let (plain, plain_text, plain_gaps, _) = ids_on(&engine, &InferParams::new(1, "g", &prompt, off));
+    let drafts = |e: &EngineInstance| {
+        let m = model_stats(e, "g");
+        (m["draft_tokens_total"].as_u64().unwrap(), m["draft_accepted_total"].as_u64().unwrap())
+    };
+    let before = drafts(&engine);
+    let (fast, fast_text, fast_gaps, fast_argmax) = ids_on(&engine, &InferParams::new(2, "g", &prompt, sampling));
+    let (drafted, accepted) = (drafts(&engine).0 - before.0, drafts(&engine).1 - before.1);
+    eprintln!("{accepted} of {drafted} drafts kept; {fast_text:?}");
+    assert!(accepted > 0 && accepted < drafted, "drafts kept and drafts rolled back: {accepted} of {drafted}");
+    assert!(fast_argmax.iter().all(|&a| a), "every greedy token is its logits' argmax");
+    match plain.iter().zip(&fast).position(|(a, b)| a != b) {
+        None => assert_eq!(fast.len(), plain.len(), "{fast_text:?} vs {plain_text:?}"),
+        Some(at) => assert!(
+            at >= 16 && plain_gaps[at].min(fast_gaps[at]) < 0.3,
+            "parted at token {at} (gap {} / {}): {fast_text:?} vs {plain_text:?}",
+            plain_gaps[at],
+            fast_gaps[at]
+        ),
+    }
+}
+
 /// Between separate KV streams llama.cpp decodes each run of consecutive sequence ids as a
 /// forward pass of its own, so a request joins the slot that keeps the running ones together,
 /// not the one holding its longest prefix or the least recently used: here that slot is two away
