@@ -8,9 +8,10 @@
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
 //!
 //! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
-//! lower levels: every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
+//! lower levels, and back up from their f16 copies (`kv_spill.rs`): every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
 //! high band or the pool has no room for a step (before any sequence is ended for room). A
-//! panic in the policy path puts the baseline back (no more level changes) and is counted.
+//! panic in the policy path puts the baseline back (nothing lowered any more; blocks with f16
+//! copies come back up) and is counted.
 
 use crate::arch::{BatchToken, Model, Scratch};
 use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
@@ -555,7 +556,7 @@ impl Scheduler {
             Err(_) => {
                 s.policy_errors_total.fetch_add(1, Ordering::Relaxed);
                 self.promotion_failed |= !self.policy.is_active();
-                self.logger.error("the KV policy failed: back to the baseline (no more level changes)");
+                self.logger.error("the KV policy failed: back to the baseline (nothing lowered; f16 copies come back)");
                 self.policy = KvPolicy::baseline();
                 self.pool.track_attention(false);
                 false
