@@ -531,9 +531,13 @@ impl Scheduler {
     fn control(&mut self, room: Option<usize>) -> bool {
         let now = Instant::now();
         let urgent = room.is_some() || self.pool.pressure() > self.policy.pressure.high;
-        // The baseline too runs passes while blocks stored lower can come back up.
-        let idle = !self.policy.is_active() && (self.pool.spilled() == 0 || self.promotion_failed);
-        if idle || (!urgent && now < self.next_pass) {
+        if !urgent && now < self.next_pass {
+            return false;
+        }
+        // The baseline lowers nothing: it runs passes only while a running sequence holds a
+        // block stored lower that its f16 copy can bring back up. Idle blocks of the prefix
+        // cache keep their copies until reused, so the spill tier alone does not say so.
+        if !self.policy.is_active() && (self.promotion_failed || !self.running_can_promote()) {
             return false;
         }
         self.next_pass = now + MID_LOOP;
@@ -562,6 +566,12 @@ impl Scheduler {
                 false
             }
         }
+    }
+
+    /// Whether a running sequence holds a block stored lower with its f16 copy.
+    fn running_can_promote(&self) -> bool {
+        self.pool.spilled() > 0
+            && self.running.iter().any(|r| (0..r.table.blocks.len()).any(|i| self.pool.restorable(&r.table, i)))
     }
 
     /// The cache's figures for `metrics`: blocks and bytes in use, and the level counts when

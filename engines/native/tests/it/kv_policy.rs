@@ -3,7 +3,8 @@
 //! than that. With the dynamic policy all three run whole (their blocks go to int8 / int4 as the
 //! budget fills); with the baseline policy the same budget ends one early. A refused policy
 //! change names its field and leaves the running policy as it was. A policy raised mid-request
-//! brings the blocks back to f16 from their copies.
+//! brings the blocks back to f16 from their copies; under the baseline, copies that only the
+//! prefix cache holds cost no policy pass until a request reuses their blocks.
 
 use crate::support::{cached_model, instance, plugin, spec};
 use llmr_engine_host::{EngineInstance, InferParams, InferResult, Sampling};
@@ -191,4 +192,31 @@ fn a_policy_raised_mid_request_promotes_the_blocks_back_to_f16() {
     assert!(levels(&lowered)[1] > 0, "{lowered}");
     assert_eq!(levels(&raised)[1], levels(&lowered)[1], "without copies the int8 blocks stay: {raised}");
     assert_eq!(raised["policy_blocks_promoted_total"], 0);
+}
+
+/// Blocks that only the prefix cache holds keep their f16 copies, and under the baseline they
+/// cost nothing: a request over another text runs no policy pass. A request that reuses them
+/// brings them back to f16.
+#[test]
+fn the_baseline_promotes_cached_blocks_only_when_a_request_reuses_them() {
+    let e = instance(&plugin(), 1);
+    let mut s = spec("smollm2", &cached_model("smollm2-hf"));
+    s.options = Some(json!({"kv_policy": {"static_level": "int8", "recent_window": 16}}));
+    e.load_model(&s).unwrap();
+    let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let passage = |skip: usize| -> String { text.chars().skip(skip).take(2_400).collect() };
+    let serve = |prompt: &str| {
+        let sampling = Sampling { max_tokens: Some(16), ..Sampling::greedy() };
+        let params = InferParams { ignore_eos: true, ..InferParams::new(1, "smollm2", prompt, sampling) };
+        e.infer(&params, |_| true).unwrap();
+        model_metrics(&e)
+    };
+    let first = serve(&passage(20_000));
+    assert!(first["policy_blocks_changed_total"].as_u64().unwrap() > 0, "blocks went to int8: {first}");
+    e.set_config(Some("smollm2"), "kv_policy", &json!({"static_level": "f16"})).unwrap();
+    let other = serve(&passage(40_000));
+    assert_eq!(other["policy_passes_total"], first["policy_passes_total"], "no pass for idle copies: {other}");
+    assert_eq!(other["policy_blocks_promoted_total"], 0);
+    let again = serve(&passage(20_000));
+    assert!(again["policy_blocks_promoted_total"].as_u64().unwrap() > 0, "reused blocks come back up: {again}");
 }
