@@ -47,8 +47,10 @@ struct Args {
     /// tg_tools: free text under the lazy grammar of a strict tool under `tool_choice: auto`
     /// (Hermes: every token masked while the grammar watches for `<tool_call>`), and
     /// copy: answers that copy a passage of their prompt, at each concurrency, with speculative
-    /// decoding (prompt lookup) on and off. pp, tg and batch run with speculation off: they
-    /// compare the engine's decode with llama.cpp's tools, which do not speculate.
+    /// decoding (prompt lookup) on and off, and long: sequences with `npp`-token prompts
+    /// decoding together from a warm prefix cache (a KV policy at long context, below). pp, tg,
+    /// batch and long run with speculation off: they compare the engine's decode with
+    /// llama.cpp's tools, which do not speculate.
     #[arg(long, value_delimiter = ',', default_value = "pp,tg,batch")]
     tests: Vec<String>,
     /// Context per sequence.
@@ -137,10 +139,19 @@ fn prompt_of(engine: &Engine, n: usize, salt: u64) -> Result<String> {
     let words = ["river", "stone", "light", "paper", "window", "garden", "silver", "market", "winter", "engine"];
     let mut text = format!("{salt}");
     let mut i = salt as usize;
-    while engine.tokenize(&text, true, false)?.len() < n {
-        text.push(' ');
-        text.push_str(words[i % words.len()]);
-        i = i.wrapping_mul(31).wrapping_add(7);
+    loop {
+        let have = engine.tokenize(&text, true, false)?.len();
+        if have >= n {
+            break;
+        }
+        // A word is one to a few tokens: add a quarter of the missing count at a time, the
+        // same words in the same order as one at a time, in a few dozen tokenizations for a
+        // long prompt instead of one per word (the trim below takes off any overshoot).
+        for _ in 0..(n - have).div_ceil(4) {
+            text.push(' ');
+            text.push_str(words[i % words.len()]);
+            i = i.wrapping_mul(31).wrapping_add(7);
+        }
     }
     while engine.tokenize(&text, true, false)?.len() > n {
         text.pop();
@@ -292,6 +303,73 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
     }))
 }
 
+/// `n` sequences with `npp`-token prompts decoding `ntg` tokens together, the way a server
+/// holds many long conversations at once. llama-batched-bench processes every prompt before
+/// its first decode step; here the prompts are read once (one token each, all at once) and
+/// every timed round finds them in the prefix cache, so that all `n` decode together from
+/// their first steps: what the KV cache's layout and levels cost at this context, not prompt
+/// processing. Cached blocks keep the levels a KV policy gave them. The engine's figures are
+/// read halfway through each round (bytes held, positions per level); `whole` counts the
+/// sequences that got all `ntg` tokens (under a byte budget too small for them all, the
+/// engine ends the longest with `length`).
+fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
+    let prompts: Vec<String> =
+        (0..n).map(|i| prompt_of(engine, args.npp, 70_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
+    fn request(prompt: &str, max_tokens: u32) -> InferParams<'_> {
+        let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+        p.sampling.max_tokens = Some(max_tokens);
+        p.sampling.speculative = false;
+        p.ignore_eos = true;
+        p
+    }
+    let start = Instant::now();
+    each_at_once(&prompts, |prompt| Ok(engine.infer(&request(prompt, 1), |_| true)?))?;
+    let prime_s = start.elapsed().as_secs_f64();
+    let cached_before = model_counter(engine, "cached_tokens_total")?;
+    let (mut rates, mut whole, mut mid) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..args.reps.min(3) + 1 {
+        let halfway = std::sync::Mutex::new(None);
+        let results = each_at_once(&prompts, |prompt| {
+            let first = std::ptr::eq(prompt, prompts[0].as_str());
+            let mut times = Vec::with_capacity(args.ntg as usize);
+            let r = engine.infer(&request(prompt, args.ntg), |t| {
+                times.push(t.timestamp_ns);
+                if first && times.len() == (args.ntg as usize).div_ceil(2) {
+                    *halfway.lock().unwrap() = engine.metrics().ok();
+                }
+                true
+            })?;
+            Ok((times, r.completion_tokens))
+        })?;
+        let all_started = results.iter().filter_map(|r| r.0.first().copied()).max().unwrap_or(0);
+        let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
+        let together: usize = results.iter().map(|r| r.0.iter().filter(|&&t| t > all_started).count()).sum();
+        if rep > 0 && t1 > all_started {
+            rates.push(together as f64 / ((t1 - all_started) as f64 / 1e9));
+            whole.push(results.iter().filter(|r| r.1 >= args.ntg).count() as f64);
+            let m = halfway.into_inner().unwrap().unwrap_or_default();
+            let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
+            mid.push(model.map(|x| serde_json::json!({"kv_bytes": x["kv_bytes"], "kv_levels": x["kv_levels"]})));
+        }
+    }
+    let cached = model_counter(engine, "cached_tokens_total")? - cached_before;
+    Ok(serde_json::json!({
+        "sequences": n, "npp": args.npp, "ntg": args.ntg, "prime_s": prime_s,
+        "all_decoding_tokens_per_s": median(rates.clone()), "samples": rates,
+        "whole": median(whole), "halfway": mid,
+        // Prompt tokens the timed rounds found in the prefix cache, per sequence and round
+        // (close to npp: the prompts were not read again).
+        "cached_per_sequence": cached as f64 / (f64::from(n) * (args.reps.min(3) + 1) as f64),
+    }))
+}
+
+/// A counter of the model's metrics (0 for an engine without it).
+fn model_counter(engine: &Engine, key: &str) -> Result<u64> {
+    let m = engine.metrics()?;
+    let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
+    Ok(model.and_then(|x| x[key].as_u64()).unwrap_or(0))
+}
+
 /// Public-domain passages the copy test's answers repeat.
 const PASSAGES: [&str; 4] = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be \
@@ -311,10 +389,7 @@ const PASSAGES: [&str; 4] = [
 
 /// Draft tokens fed and kept so far (0 for an engine that does not speculate).
 fn draft_counters(engine: &Engine) -> Result<(u64, u64)> {
-    let m = engine.metrics()?;
-    let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
-    let n = |k: &str| model.as_ref().and_then(|x| x[k].as_u64()).unwrap_or(0);
-    Ok((n("draft_tokens_total"), n("draft_accepted_total")))
+    Ok((model_counter(engine, "draft_tokens_total")?, model_counter(engine, "draft_accepted_total")?))
 }
 
 /// `n` sequences at once, each asked to copy a passage of its prompt (greedy, until the model
@@ -438,6 +513,9 @@ fn main() -> Result<()> {
                 .collect::<Result<Vec<_>>>()?
                 .into();
         }
+    }
+    if want("long") {
+        out["long"] = args.concurrency.iter().map(|&n| run_long(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();
     }
     if want("copy") {
         out["copy"] = args.concurrency.iter().map(|&n| run_copy(&engine, &args, n)).collect::<Result<Vec<_>>>()?.into();

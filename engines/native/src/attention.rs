@@ -69,7 +69,7 @@ pub fn attend(
             return unsafe { job.run_avx2(scratch) };
         }
         let _ = simd;
-        job.run(scratch);
+        job.run::<false>(scratch);
     });
 }
 
@@ -87,18 +87,18 @@ struct Tile<'a, 'b> {
 }
 
 impl Tile<'_, '_> {
-    /// [`Tile::run`] compiled for AVX2 + FMA (the loops vectorise to 256-bit FMAs).
+    /// [`Tile::run`] compiled for AVX2 + FMA, with the AVX2 kernels of a block's two loops.
     ///
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, scratch: &mut TaskScratch) {
-        self.run(scratch)
+        self.run::<true>(scratch)
     }
 
     #[inline(always)]
-    fn run(&self, TaskScratch { block, scores }: &mut TaskScratch) {
+    fn run<const SIMD: bool>(&self, TaskScratch { block, scores }: &mut TaskScratch) {
         let shape = self.shape;
         let hd = shape.head_dim;
         let group = shape.heads / shape.kv_heads;
@@ -121,17 +121,29 @@ impl Tile<'_, '_> {
             let qp = &self.queries[i];
             (qp.first.max(start + from) - start, (qp.pos + 1).min(start + to).max(start) - start)
         };
+        // A decoding token's tile does little arithmetic per block: it asks for the next
+        // block's keys or values while it works on this one. A prompt chunk's tile does enough
+        // to hide the reads (and measured slower with the prefetches).
+        let prefetch = self.queries.len() == 1;
         // Scores, one block of keys at a time.
-        for (id, start, from, to) in visible(&span) {
+        let mut blocks = visible(&span).peekable();
+        while let Some((id, start, from, to)) = blocks.next() {
+            if let Some(&(next, ..)) = blocks.peek().filter(|_| prefetch) {
+                self.pool.layer(next, layer).prefetch(kv, hd, true);
+            }
             // An evicted block's positions weigh nothing.
             let kept = self.pool.layer(id, layer).keys_into(kv, hd, (from, to), block);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
+                if a >= b {
+                    continue; // a sliding window that starts past this block
+                }
                 for g in 0..group {
-                    let (qg, row) = (query(i, g), &mut scores[(i * group + g) * len..][..len]);
-                    for s in a..b {
-                        row[start + s - lo] =
-                            if kept { dot(qg, &block[s * hd..(s + 1) * hd]) * shape.scale } else { f32::NEG_INFINITY };
+                    let row = &mut scores[(i * group + g) * len..][start + a - lo..start + b - lo];
+                    if kept {
+                        dots::<SIMD>(query(i, g), &block[a * hd..b * hd], shape.scale, row);
+                    } else {
+                        row.fill(f32::NEG_INFINITY);
                     }
                 }
             }
@@ -155,7 +167,11 @@ impl Tile<'_, '_> {
             }
         }
         let track = self.pool.tracks_attention();
-        for (id, start, from, to) in visible(&span) {
+        let mut blocks = visible(&span).peekable();
+        while let Some((id, start, from, to)) = blocks.next() {
+            if let Some(&(next, ..)) = blocks.peek().filter(|_| prefetch) {
+                self.pool.layer(next, layer).prefetch(kv, hd, false);
+            }
             if !self.pool.layer(id, layer).values_into(kv, hd, (from, to), block) {
                 continue;
             }
@@ -163,16 +179,14 @@ impl Tile<'_, '_> {
             let (mut mass, mut rows) = (0f32, 0);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
-                rows += if a < b { group } else { 0 };
+                if a >= b {
+                    continue;
+                }
+                rows += group;
                 for g in 0..group {
-                    let (og, row) = (out_row(i, g), &scores[(i * group + g) * len..][..len]);
-                    for s in a..b {
-                        let w = row[start + s - lo];
-                        mass += w;
-                        for (o, x) in og.iter_mut().zip(&block[s * hd..(s + 1) * hd]) {
-                            *o += w * x;
-                        }
-                    }
+                    let weights = &scores[(i * group + g) * len..][start + a - lo..start + b - lo];
+                    mass += weights.iter().sum::<f32>();
+                    weighted_sum::<SIMD>(weights, &block[a * hd..b * hd], out_row(i, g));
                 }
             }
             if track && rows > 0 {
@@ -195,6 +209,34 @@ fn visible<'a>(query: &'a QueryPos<'_>) -> impl Iterator<Item = (BlockId, usize,
         .take_while(move |&(_, start)| start < seen)
         .filter(move |&(_, start)| start + BLOCK_TOKENS > first)
         .map(move |(id, start)| (id, start, first.saturating_sub(start), (seen - start).min(BLOCK_TOKENS)))
+}
+
+/// `out[s] = scale * q . keys[s]` for each row `s` of `keys` (rows of `q.len()`).
+#[inline(always)]
+fn dots<const SIMD: bool>(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD && q.len().is_multiple_of(8) {
+        // SAFETY: SIMD is true only in `Tile::run_avx2`, which runs where simd() found AVX2 + FMA.
+        return unsafe { crate::kernels::avx2::attention_dots(q, keys, scale, out) };
+    }
+    for (o, k) in out.iter_mut().zip(keys.chunks_exact(q.len())) {
+        *o = dot(q, k) * scale;
+    }
+}
+
+/// `out += sum over s of weights[s] * values[s]` (rows of `out.len()`).
+#[inline(always)]
+fn weighted_sum<const SIMD: bool>(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD && out.len().is_multiple_of(8) {
+        // SAFETY: as in `dots`.
+        return unsafe { crate::kernels::avx2::attention_weighted_sum(weights, values, out) };
+    }
+    for (&w, row) in weights.iter().zip(values.chunks_exact(out.len())) {
+        for (o, x) in out.iter_mut().zip(row) {
+            *o += w * x;
+        }
+    }
 }
 
 #[inline(always)]

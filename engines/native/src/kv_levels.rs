@@ -8,6 +8,7 @@
 //! values were rounded), so promotion needs the block's f16 copy or a recomputation, which
 //! the caller owns.
 
+use crate::kernels::{widen_f16, widen_i8};
 use crate::kv_cache::BLOCK_TOKENS;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -77,6 +78,37 @@ impl LayerBlock {
             }
             LayerBlock::Evicted | LayerBlock::OutOfWindow => 0,
         }
+    }
+
+    /// Asks the CPU to bring the keys (or values) of KV head `kv` into its cache: attention
+    /// calls it for the next block while it works on this one. Blocks are separate
+    /// allocations, so the hardware prefetcher, which follows one address stream, would
+    /// otherwise stall at every block's first lines.
+    #[inline(always)]
+    pub fn prefetch(&self, kv: usize, hd: usize, keys: bool) {
+        let (data, bytes): (*const u8, usize) = match (self, keys) {
+            (LayerBlock::F16 { k, .. }, true) => (k.as_ptr().cast(), 2),
+            (LayerBlock::F16 { v, .. }, false) => (v.as_ptr().cast(), 2),
+            (LayerBlock::Int8 { k, .. }, true) => (k.as_ptr().cast(), 1),
+            (LayerBlock::Int8 { v, .. }, false) => (v.as_ptr().cast(), 1),
+            // Half a byte an element: the offsets below in whole bytes halve.
+            (LayerBlock::Int4 { k, .. }, true) => (k.as_ptr(), 0),
+            (LayerBlock::Int4 { v, .. }, false) => (v.as_ptr(), 0),
+            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => return,
+        };
+        let (from, len) = match bytes {
+            0 => (kv * BLOCK_TOKENS * hd / 2, BLOCK_TOKENS * hd / 2),
+            b => (kv * BLOCK_TOKENS * hd * b, BLOCK_TOKENS * hd * b),
+        };
+        #[cfg(target_arch = "x86_64")]
+        for line in (from..from + len).step_by(64) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch reads nothing architecturally and never faults; the address
+            // lies inside the block's own storage anyway.
+            unsafe { _mm_prefetch(data.wrapping_add(line).cast(), _MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (data, from, len);
     }
 
     /// This block stored at `level`, a lower one than its own (`None` otherwise). From f16 the
@@ -174,16 +206,12 @@ impl LayerBlock {
         let out = &mut out[from * hd..to * hd];
         let range = base + from * hd..base + to * hd;
         match self {
-            LayerBlock::F16 { k, .. } => k[range].convert_to_f32_slice(out),
+            LayerBlock::F16 { k, .. } => widen_f16(&k[range], out),
             LayerBlock::Int8 { k, k_scale, .. } => {
-                // The per-channel scales widened once, so the rows' loops are plain f32 (vectorized).
+                // The per-channel scales widened once for the block's rows.
                 let mut scale = [0f32; MAX_HEAD_DIM];
                 let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
-                for (row, q) in out.chunks_exact_mut(hd).zip(k[range].chunks_exact(hd)) {
-                    for ((o, &q), s) in row.iter_mut().zip(q).zip(scale.iter()) {
-                        *o = q as f32 * s;
-                    }
-                }
+                widen_i8(&k[range], scale, false, hd, out);
             }
             LayerBlock::Int4 { k, k_scale, k_min, .. } => {
                 let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
@@ -211,14 +239,12 @@ impl LayerBlock {
         let out = &mut out[from * hd..to * hd];
         let range = base + from * hd..base + to * hd;
         match self {
-            LayerBlock::F16 { v, .. } => v[range].convert_to_f32_slice(out),
+            LayerBlock::F16 { v, .. } => widen_f16(&v[range], out),
             LayerBlock::Int8 { v, v_scale, .. } => {
-                for ((t, row), q) in (from..to).zip(out.chunks_exact_mut(hd)).zip(v[range].chunks_exact(hd)) {
-                    let s = v_scale[kv * BLOCK_TOKENS + t].to_f32();
-                    for (o, &q) in row.iter_mut().zip(q) {
-                        *o = q as f32 * s;
-                    }
-                }
+                let mut scale = [0f32; BLOCK_TOKENS];
+                let scale = &mut scale[..to - from];
+                widen_f16(&v_scale[kv * BLOCK_TOKENS + from..kv * BLOCK_TOKENS + to], scale);
+                widen_i8(&v[range], scale, true, hd, out);
             }
             LayerBlock::Int4 { v, v_scale, v_min, .. } => {
                 let groups = hd.div_ceil(V_GROUP);
@@ -246,7 +272,7 @@ const MAX_HEAD_DIM: usize = 512;
 /// `xs` as f32 in the front of `buf`.
 fn widen<'a>(xs: &[f16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
     let out = &mut buf[..xs.len()];
-    xs.convert_to_f32_slice(out);
+    widen_f16(xs, out);
     out
 }
 

@@ -1,6 +1,8 @@
 //! AVX2 + FMA dot products of f32 activations with weight rows as stored (bf16, f16 or f32),
 //! widening eight weights at a time in registers: the weights are read once, straight from the
-//! mapped file, with no f32 copy. Callers check the CPU (`is_x86_feature_detected!`) first.
+//! mapped file, with no f32 copy; f16 slices widened to f32 (the KV cache's blocks); and the
+//! two loops of attention over a block (scores, and the weighted sum of values).
+//! Callers check the CPU (`is_x86_feature_detected!`) first.
 
 use std::arch::x86_64::*;
 
@@ -50,6 +52,125 @@ impl Weight for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
+    }
+}
+
+/// `src` widened to f32 into `dst` (the same length), eight values a register.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    let main = src.len() / 8 * 8;
+    for i in (0..main).step_by(8) {
+        // SAFETY: i + 8 <= main <= the length of both; the caller guarantees F16C.
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add(i), half::f16::load8(src.as_ptr().add(i))) }
+    }
+    for (d, s) in dst[main..].iter_mut().zip(&src[main..]) {
+        *d = s.to_f32();
+    }
+}
+
+/// Rows of int8 codes (rows of `scale.len()`, a multiple of 8) as f32 into `out`: code times
+/// its channel's scale (`per_row` false), or times the row's one scale (`per_row` true:
+/// `scale` then holds one per row).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn widen_i8(src: &[i8], scale: &[f32], per_row: bool, hd: usize, out: &mut [f32]) {
+    assert!(hd.is_multiple_of(8) && src.len() == out.len() && src.len().is_multiple_of(hd));
+    assert!(scale.len() == if per_row { src.len() / hd } else { hd });
+    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
+    // SAFETY (every access below): r * hd + c + 8 <= src.len() == out.len(), and the scale
+    // read is inside `scale` by the asserts above.
+    unsafe {
+        for r in 0..src.len() / hd {
+            let row_scale = _mm256_set1_ps(if per_row { scale[r] } else { 0.0 });
+            for c in (0..hd).step_by(8) {
+                let codes = _mm_loadl_epi64(sp.add(r * hd + c) as *const __m128i);
+                let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+                let s = if per_row { row_scale } else { _mm256_loadu_ps(scale.as_ptr().add(c)) };
+                _mm256_storeu_ps(op.add(r * hd + c), _mm256_mul_ps(x, s));
+            }
+        }
+    }
+}
+
+/// `out[s] = scale * q . keys[s]` for each row `s` of `keys` (rows of `q.len()`, a multiple of
+/// 8), four rows at a time in independent sums.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attention_dots(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    assert!(hd.is_multiple_of(8) && keys.len() == out.len() * hd);
+    let (qp, kp) = (q.as_ptr(), keys.as_ptr());
+    let mut s = 0;
+    // SAFETY (every load below): row r < out.len() and c + 8 <= hd keep each read inside
+    // `keys` (out.len() * hd values) or `q` (hd values).
+    unsafe {
+        while s + 4 <= out.len() {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for c in (0..hd).step_by(8) {
+                let qv = _mm256_loadu_ps(qp.add(c));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((s + r) * hd + c)), *a);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                out[s + r] = hsum(*a) * scale;
+            }
+            s += 4;
+        }
+        while s < out.len() {
+            let mut a = _mm256_setzero_ps();
+            for c in (0..hd).step_by(8) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(kp.add(s * hd + c)), a);
+            }
+            out[s] = hsum(a) * scale;
+            s += 1;
+        }
+    }
+}
+
+/// `out += sum over s of weights[s] * values[s]` (rows of `out.len()`, a multiple of 8), 32
+/// channels at a time held in registers across the rows.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn attention_weighted_sum(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    let hd = out.len();
+    assert!(hd.is_multiple_of(8) && values.len() == weights.len() * hd);
+    let (vp, op) = (values.as_ptr(), out.as_mut_ptr());
+    let mut c = 0;
+    // SAFETY (every access below): c + 8 * lanes <= hd and s < weights.len() keep each access
+    // inside `out` (hd values) or `values` (weights.len() * hd values).
+    unsafe {
+        while c + 32 <= hd {
+            let mut acc: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(op.add(c + 8 * j)));
+            for (s, &w) in weights.iter().enumerate() {
+                let wv = _mm256_set1_ps(w);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(s * hd + c + 8 * j)), *a);
+                }
+            }
+            for (j, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(op.add(c + 8 * j), *a);
+            }
+            c += 32;
+        }
+        while c < hd {
+            let mut a = _mm256_loadu_ps(op.add(c));
+            for (s, &w) in weights.iter().enumerate() {
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vp.add(s * hd + c)), a);
+            }
+            _mm256_storeu_ps(op.add(c), a);
+            c += 8;
+        }
     }
 }
 

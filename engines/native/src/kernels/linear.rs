@@ -16,7 +16,6 @@ use super::panel::{panel_gemm, Out};
 use super::simd;
 use crate::checkpoint::{DType, TensorView};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Weight rows a decode task computes together (the AVX2 kernels take four rows at a time).
@@ -62,10 +61,7 @@ impl Linear {
         let dst = &mut dst[..(r1 - r0) * cols];
         match self.weight.dtype {
             DType::BF16 => widen_bf16(bytemuck::cast_slice(bytes), dst),
-            DType::F16 => {
-                let src: &[f16] = bytemuck::cast_slice(bytes);
-                src.convert_to_f32_slice(dst);
-            }
+            DType::F16 => super::widen_f16(bytemuck::cast_slice(bytes), dst),
             DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(bytes)),
         }
     }
