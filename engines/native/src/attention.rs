@@ -122,8 +122,8 @@ impl Tile<'_, '_> {
             (qp.first.max(start + from) - start, (qp.pos + 1).min(start + to).max(start) - start)
         };
         // A decoding token's tile does little arithmetic per block: it asks for the next
-        // block's keys or values while it works on this one. A prompt chunk's tile does enough
-        // to hide the reads (and measured slower with the prefetches).
+        // block's keys or values while it works on this one. A prompt chunk's tile does 16
+        // queries' worth of arithmetic per block, enough to hide the reads.
         let prefetch = self.queries.len() == 1;
         // Scores, one block of keys at a time.
         let mut blocks = visible(&span).peekable();
