@@ -348,8 +348,7 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
             rates.push(together as f64 / ((t1 - all_started) as f64 / 1e9));
             whole.push(results.iter().filter(|r| r.1 >= args.ntg).count() as f64);
             let m = halfway.into_inner().unwrap().unwrap_or_default();
-            let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
-            mid.push(model.map(|x| serde_json::json!({"kv_bytes": x["kv_bytes"], "kv_levels": x["kv_levels"]})));
+            mid.push(model_of(&m).map(|x| serde_json::json!({"kv_bytes": x["kv_bytes"], "kv_levels": x["kv_levels"]})));
         }
     }
     let cached = model_counter(engine, "cached_tokens_total")? - cached_before;
@@ -363,11 +362,14 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
     }))
 }
 
+/// The benchmarked model's entry in the engine's metrics.
+fn model_of(metrics: &serde_json::Value) -> Option<&serde_json::Value> {
+    metrics["models"].as_array()?.iter().find(|x| x["model"] == "m")
+}
+
 /// A counter of the model's metrics (0 for an engine without it).
 fn model_counter(engine: &Engine, key: &str) -> Result<u64> {
-    let m = engine.metrics()?;
-    let model = m["models"].as_array().and_then(|a| a.iter().find(|x| x["model"] == "m")).cloned();
-    Ok(model.and_then(|x| x[key].as_u64()).unwrap_or(0))
+    Ok(model_of(&engine.metrics()?).and_then(|x| x[key].as_u64()).unwrap_or(0))
 }
 
 /// Public-domain passages the copy test's answers repeat.

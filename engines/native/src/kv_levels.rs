@@ -86,29 +86,27 @@ impl LayerBlock {
     /// otherwise stall at every block's first lines.
     #[inline(always)]
     pub fn prefetch(&self, kv: usize, hd: usize, keys: bool) {
-        let (data, bytes): (*const u8, usize) = match (self, keys) {
-            (LayerBlock::F16 { k, .. }, true) => (k.as_ptr().cast(), 2),
-            (LayerBlock::F16 { v, .. }, false) => (v.as_ptr().cast(), 2),
-            (LayerBlock::Int8 { k, .. }, true) => (k.as_ptr().cast(), 1),
-            (LayerBlock::Int8 { v, .. }, false) => (v.as_ptr().cast(), 1),
-            // Half a byte an element: the offsets below in whole bytes halve.
-            (LayerBlock::Int4 { k, .. }, true) => (k.as_ptr(), 0),
-            (LayerBlock::Int4 { v, .. }, false) => (v.as_ptr(), 0),
+        let (data, bits): (*const u8, usize) = match (self, keys) {
+            (LayerBlock::F16 { k, .. }, true) => (k.as_ptr().cast(), 16),
+            (LayerBlock::F16 { v, .. }, false) => (v.as_ptr().cast(), 16),
+            (LayerBlock::Int8 { k, .. }, true) => (k.as_ptr().cast(), 8),
+            (LayerBlock::Int8 { v, .. }, false) => (v.as_ptr().cast(), 8),
+            (LayerBlock::Int4 { k, .. }, true) => (k.as_ptr(), 4),
+            (LayerBlock::Int4 { v, .. }, false) => (v.as_ptr(), 4),
             (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => return,
         };
-        let (from, len) = match bytes {
-            0 => (kv * BLOCK_TOKENS * hd / 2, BLOCK_TOKENS * hd / 2),
-            b => (kv * BLOCK_TOKENS * hd * b, BLOCK_TOKENS * hd * b),
-        };
+        // One KV head's codes, in bytes (the scales are small and left to the hardware).
+        let span = BLOCK_TOKENS * hd * bits / 8;
+        let from = kv * span;
         #[cfg(target_arch = "x86_64")]
-        for line in (from..from + len).step_by(64) {
+        for line in (from..from + span).step_by(64) {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             // SAFETY: a prefetch reads nothing architecturally and never faults; the address
             // lies inside the block's own storage anyway.
             unsafe { _mm_prefetch(data.wrapping_add(line).cast(), _MM_HINT_T0) };
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (data, from, len);
+        let _ = (data, from);
     }
 
     /// This block stored at `level`, a lower one than its own (`None` otherwise). From f16 the

@@ -534,13 +534,14 @@ impl Scheduler {
         if !urgent && now < self.next_pass {
             return false;
         }
+        self.next_pass = now + MID_LOOP;
         // The baseline lowers nothing: it runs passes only while a running sequence holds a
-        // block stored lower that its f16 copy can bring back up. Idle blocks of the prefix
-        // cache keep their copies until reused, so the spill tier alone does not say so.
+        // block stored lower that its f16 copy can bring back up (checked at the passes'
+        // cadence, not every step). Idle blocks of the prefix cache keep their copies until
+        // reused, so the spill tier alone does not say so.
         if !self.policy.is_active() && (self.promotion_failed || !self.running_can_promote()) {
             return false;
         }
-        self.next_pass = now + MID_LOOP;
         let seqs: Vec<SeqView> = self.running.iter().map(|r| SeqView { table: &r.table, tokens: &r.tokens }).collect();
         let (policy, pool, control) = (&self.policy, &mut self.pool, &self.tokenizer.control_ids);
         let ctx = self.settings.ctx_per_seq;
