@@ -2,11 +2,13 @@
 //! query heads (`heads / kv_heads` query heads read one key/value head). A task is a tile of up
 //! to 16 consecutive queries of one sequence (a prompt chunk; a decode token is a tile alone)
 //! and one key/value head: it widens each block's keys or values to f32 once for the whole
-//! tile. The task body is compiled a second time for AVX2 + FMA, chosen at run time.
+//! tile, except that a decoding token's tile reads each block in place (f16 values, int8 or
+//! int4 codes). The task body is compiled a second time for AVX2 + FMA, chosen at run time.
 
 use crate::kernels::panel::Out;
-use crate::kernels::simd;
+use crate::kernels::{simd, widen_f16, widen_i8};
 use crate::kv_cache::{BlockId, BlockTable, KvPool, BLOCK_TOKENS};
+use crate::kv_levels::{BlockRows, LayerBlock, RowData};
 use rayon::prelude::*;
 
 /// Where one query of the batch attends.
@@ -33,11 +35,13 @@ pub struct AttentionShape<'a> {
 /// block of keys and values is widened to f32 once for all of them rather than once per query.
 const QUERY_TILE: usize = 16;
 
-/// Per-task buffers: one block of widened keys or values, and the scores of the tile's queries.
+/// Per-task buffers: one block of widened keys or values, the scores of the tile's queries, and
+/// queries or weights with int8 scales folded in.
 #[derive(Default)]
 struct TaskScratch {
     block: Vec<f32>,
     scores: Vec<f32>,
+    fold: Vec<f32>,
 }
 
 /// `q`: `tokens x heads x head_dim`; writes `out` of the same shape.
@@ -98,7 +102,7 @@ impl Tile<'_, '_> {
     }
 
     #[inline(always)]
-    fn run<const SIMD: bool>(&self, TaskScratch { block, scores }: &mut TaskScratch) {
+    fn run<const SIMD: bool>(&self, TaskScratch { block, scores, fold }: &mut TaskScratch) {
         let shape = self.shape;
         let hd = shape.head_dim;
         let group = shape.heads / shape.kv_heads;
@@ -112,10 +116,6 @@ impl Tile<'_, '_> {
         scores.clear();
         scores.resize(rows * len, 0.0);
         block.resize(BLOCK_TOKENS * hd, 0.0);
-        let query = |i: usize, g: usize| {
-            let t = self.first_token + i;
-            &self.q[(t * shape.heads + kv * group + g) * hd..][..hd]
-        };
         // The slots of the block starting at `start` that query `i` sees, of those widened.
         let seen = |i: usize, start: usize, from: usize, to: usize| {
             let qp = &self.queries[i];
@@ -125,26 +125,36 @@ impl Tile<'_, '_> {
         // block's keys or values while it works on this one. A prompt chunk's tile does 16
         // queries' worth of arithmetic per block, enough to hide the reads.
         let prefetch = self.queries.len() == 1;
+        // The AVX2 kernels read blocks as `BlockRows`: a decoding token's tile in place,
+        // widening in registers; a prompt chunk's tile widened to f32 once for its queries.
+        // The portable path widens to f32 values.
+        let kernels = SIMD && hd.is_multiple_of(8);
+        let in_place = kernels && prefetch;
+        // The queries of the tile's query `i`, the group's heads one after the other.
+        let heads_of = |i: usize| {
+            let t = self.first_token + i;
+            &self.q[(t * shape.heads + kv * group) * hd..][..group * hd]
+        };
         // Scores, one block of keys at a time.
         let mut blocks = visible(&span).peekable();
+        let mut ahead = visible(&span).skip(2);
         while let Some((id, start, from, to)) = blocks.next() {
-            if let Some(&(next, ..)) = blocks.peek().filter(|_| prefetch) {
-                self.pool.layer(next, layer).prefetch(kv, hd, true);
+            if prefetch {
+                self.prefetch(blocks.peek(), ahead.next(), true);
             }
-            // An evicted block's positions weigh nothing.
-            let kept = self.pool.layer(id, layer).keys_into(kv, hd, (from, to), block);
+            // None: an evicted block, whose positions weigh nothing.
+            let keys = block_rows(self.pool.layer(id, layer), kv, hd, true, (from, to), (kernels, in_place), block);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
                 if a >= b {
                     continue; // a sliding window that starts past this block
                 }
-                for g in 0..group {
-                    let row = &mut scores[(i * group + g) * len..][start + a - lo..start + b - lo];
-                    if kept {
-                        dots::<SIMD>(query(i, g), &block[a * hd..b * hd], shape.scale, row);
-                    } else {
-                        row.fill(f32::NEG_INFINITY);
+                let first = (i * group) * len + start + a - lo;
+                match &keys {
+                    Some(rows) => {
+                        dots::<SIMD>(rows, (a, b), hd, heads_of(i), group, shape.scale, &mut scores[first..], len, fold)
                     }
+                    None => (0..group).for_each(|g| scores[first + g * len..][..b - a].fill(f32::NEG_INFINITY)),
                 }
             }
         }
@@ -152,29 +162,29 @@ impl Tile<'_, '_> {
             let qp = &self.queries[i];
             for g in 0..group {
                 let sink = shape.sinks.map(|s| s[kv * group + g]);
-                softmax(&mut scores[(i * group + g) * len..][qp.first - lo..qp.pos + 1 - lo], sink);
+                softmax::<SIMD>(&mut scores[(i * group + g) * len..][qp.first - lo..qp.pos + 1 - lo], sink);
             }
         }
         // SAFETY: this task alone writes the heads kv*group..(kv+1)*group of its tokens, which
         // lie inside `out` (asserted in attend).
-        let out_row = |i: usize, g: usize| unsafe {
+        let out_heads = |i: usize| unsafe {
             let t = self.first_token + i;
-            std::slice::from_raw_parts_mut(self.out.0.add((t * shape.heads + kv * group + g) * hd), hd)
+            std::slice::from_raw_parts_mut(self.out.0.add((t * shape.heads + kv * group) * hd), group * hd)
         };
         for i in 0..self.queries.len() {
-            for g in 0..group {
-                out_row(i, g).fill(0.0);
-            }
+            out_heads(i).fill(0.0);
         }
         let track = self.pool.tracks_attention();
         let mut blocks = visible(&span).peekable();
+        let mut ahead = visible(&span).skip(2);
         while let Some((id, start, from, to)) = blocks.next() {
-            if let Some(&(next, ..)) = blocks.peek().filter(|_| prefetch) {
-                self.pool.layer(next, layer).prefetch(kv, hd, false);
+            if prefetch {
+                self.prefetch(blocks.peek(), ahead.next(), false);
             }
-            if !self.pool.layer(id, layer).values_into(kv, hd, (from, to), block) {
+            let stored = self.pool.layer(id, layer);
+            let Some(values) = block_rows(stored, kv, hd, false, (from, to), (kernels, in_place), block) else {
                 continue;
-            }
+            };
             // The weight this block received from the tile's rows (an importance signal).
             let (mut mass, mut rows) = (0f32, 0);
             for i in 0..self.queries.len() {
@@ -183,15 +193,34 @@ impl Tile<'_, '_> {
                     continue;
                 }
                 rows += group;
-                for g in 0..group {
-                    let weights = &scores[(i * group + g) * len..][start + a - lo..start + b - lo];
-                    mass += weights.iter().sum::<f32>();
-                    weighted_sum::<SIMD>(weights, &block[a * hd..b * hd], out_row(i, g));
+                let first = (i * group) * len + start + a - lo;
+                if track {
+                    mass += (0..group).map(|g| scores[first + g * len..][..b - a].iter().sum::<f32>()).sum::<f32>();
                 }
+                weighted_sum::<SIMD>(&values, (a, b), hd, &scores[first..], len, group, out_heads(i), fold);
             }
             if track && rows > 0 {
                 self.pool.note_attention(id, mass, rows);
             }
+        }
+    }
+}
+
+impl Tile<'_, '_> {
+    /// While a decoding token works on one block: the next block's keys or values, and the
+    /// entry of the block after it, whose storage the next call prefetches in turn.
+    #[inline(always)]
+    fn prefetch(
+        &self,
+        next: Option<&(BlockId, usize, usize, usize)>,
+        after: Option<(BlockId, usize, usize, usize)>,
+        keys: bool,
+    ) {
+        if let Some(&(next, ..)) = next {
+            self.pool.layer(next, self.layer).prefetch(self.kv, self.shape.head_dim, keys);
+        }
+        if let Some((after, ..)) = after {
+            self.pool.prefetch_layer(after, self.layer);
         }
     }
 }
@@ -211,30 +240,108 @@ fn visible<'a>(query: &'a QueryPos<'_>) -> impl Iterator<Item = (BlockId, usize,
         .map(move |(id, start)| (id, start, first.saturating_sub(start), (seen - start).min(BLOCK_TOKENS)))
 }
 
-/// `out[s] = scale * q . keys[s]` for each row `s` of `keys` (rows of `q.len()`).
+/// A block's keys (or values) of KV head `kv` as the kernels read them, `None` where evicted.
+/// With the AVX2 kernels (`kernels`), a block is read in place (`in_place`: a decoding token)
+/// or its slots `from..to` widened into `block` once for a prompt tile, codes unscaled so that
+/// the kernels fold the same scales either way; the portable path gets f32 values.
 #[inline(always)]
-fn dots<const SIMD: bool>(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if SIMD && q.len().is_multiple_of(8) {
-        // SAFETY: SIMD is true only in `Tile::run_avx2`, which runs where simd() found AVX2 + FMA.
-        return unsafe { crate::kernels::avx2::attention_dots(q, keys, scale, out) };
+fn block_rows<'s>(
+    stored: &'s LayerBlock,
+    kv: usize,
+    hd: usize,
+    keys: bool,
+    (from, to): (usize, usize),
+    (kernels, in_place): (bool, bool),
+    block: &'s mut [f32],
+) -> Option<BlockRows<'s>> {
+    if !kernels {
+        let written = if keys {
+            stored.keys_into(kv, hd, (from, to), block)
+        } else {
+            stored.values_into(kv, hd, (from, to), block)
+        };
+        return written.then_some(BlockRows { data: RowData::F32(block), scale: None, min: None, group: hd });
     }
-    for (o, k) in out.iter_mut().zip(keys.chunks_exact(q.len())) {
-        *o = dot(q, k) * scale;
+    let rows = stored.rows(kv, hd, keys)?;
+    if in_place {
+        return Some(rows);
+    }
+    // Codes as f32 are exact.
+    let (slots, out) = (from * hd..to * hd, &mut block[from * hd..to * hd]);
+    match rows.data {
+        RowData::F16(x) => widen_f16(&x[slots], out),
+        RowData::I8(x) => widen_i8(&x[slots], &[1.0; BLOCK_TOKENS][..to - from], true, hd, out),
+        RowData::U4(x) => {
+            for (o, &b) in out.chunks_exact_mut(2).zip(&x[slots.start / 2..slots.end / 2]) {
+                (o[0], o[1]) = ((b & 0x0f) as f32, (b >> 4) as f32);
+            }
+        }
+        RowData::F32(_) => unreachable!("a block stores no f32 rows"),
+    }
+    Some(BlockRows { data: RowData::F32(block), ..rows })
+}
+
+/// For each of `heads` query heads `h` (rows of `hd` in `q`) and each row `s` of `rows` in
+/// `a..b`: `out[h * stride + s - a] = scale * q[h] . row s`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dots<const SIMD: bool>(
+    rows: &BlockRows<'_>,
+    (a, b): (usize, usize),
+    hd: usize,
+    q: &[f32],
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+    fold: &mut Vec<f32>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD && hd.is_multiple_of(8) {
+        // SAFETY: SIMD is true only in `Tile::run_avx2`, which runs where simd() found AVX2,
+        // FMA and F16C.
+        return unsafe {
+            crate::kernels::attention_avx2::attention_dots(rows, (a, b), hd, q, heads, scale, out, stride, fold)
+        };
+    }
+    let _ = fold;
+    let (RowData::F32(keys), None) = (rows.data, rows.scale) else { unreachable!("only the AVX2 kernels get these") };
+    for h in 0..heads {
+        for s in a..b {
+            out[h * stride + s - a] = dot(&q[h * hd..][..hd], &keys[s * hd..][..hd]) * scale;
+        }
     }
 }
 
-/// `out += sum over s of weights[s] * values[s]` (rows of `out.len()`).
+/// For each of `heads` query heads `h`: `out[h] += sum over rows s in a..b of
+/// weights[h * stride + s - a] * row s` (`out` rows of `hd`).
 #[inline(always)]
-fn weighted_sum<const SIMD: bool>(weights: &[f32], values: &[f32], out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn weighted_sum<const SIMD: bool>(
+    rows: &BlockRows<'_>,
+    (a, b): (usize, usize),
+    hd: usize,
+    weights: &[f32],
+    stride: usize,
+    heads: usize,
+    out: &mut [f32],
+    fold: &mut Vec<f32>,
+) {
     #[cfg(target_arch = "x86_64")]
-    if SIMD && out.len().is_multiple_of(8) {
+    if SIMD && hd.is_multiple_of(8) {
         // SAFETY: as in `dots`.
-        return unsafe { crate::kernels::avx2::attention_weighted_sum(weights, values, out) };
+        return unsafe {
+            crate::kernels::attention_avx2::attention_weighted_sum(rows, (a, b), hd, weights, stride, heads, out, fold)
+        };
     }
-    for (&w, row) in weights.iter().zip(values.chunks_exact(out.len())) {
-        for (o, x) in out.iter_mut().zip(row) {
-            *o += w * x;
+    let _ = fold;
+    let (RowData::F32(values), None) = (rows.data, rows.scale) else { unreachable!("only the AVX2 kernels get these") };
+    for h in 0..heads {
+        for s in a..b {
+            let w = weights[h * stride + s - a];
+            for (o, x) in out[h * hd..][..hd].iter_mut().zip(&values[s * hd..][..hd]) {
+                *o += w * x;
+            }
         }
     }
 }
@@ -253,7 +360,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Softmax of `x` in place; a `sink` logit counts in the denominator only.
 #[inline(always)]
-fn softmax(x: &mut [f32], sink: Option<f32>) {
+fn softmax<const SIMD: bool>(x: &mut [f32], sink: Option<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: as in `dots`.
+        return unsafe { crate::kernels::attention_avx2::softmax(x, sink) };
+    }
     let max = x.iter().copied().fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     let mut sum = sink.map_or(0.0, |s| (s - max).exp());
     for v in x.iter_mut() {
@@ -329,6 +441,64 @@ mod tests {
                     for (a, b) in got.iter().zip(&want) {
                         assert!((a - b).abs() < 1e-5, "token {t} head {h} sink {sink:?}: {got:?} vs {want:?}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_decoding_token_reading_blocks_in_place_gets_the_bits_of_a_prompt_tile_that_widens_them() {
+        use crate::kv_levels::Level;
+        // Five query heads per KV head (a group of 4 and one of 1 in the kernels) and a head_dim
+        // of 72 (four 16-channel steps and an 8-channel one).
+        let (kv_heads, heads, hd, len) = (2, 10, 72, 45);
+        let mut pool = KvPool::new(Shape { layers: 1, kv_heads, head_dim: hd }, 4);
+        let mut table = BlockTable::default();
+        pool.reserve(&mut table, len).unwrap();
+        table.len = len;
+        for p in 0..len {
+            let k: Vec<f32> = (0..kv_heads * hd).map(|i| ((p * 7 + i) as f32 * 0.31).sin() * 3.0).collect();
+            let v: Vec<f32> = (0..kv_heads * hd).map(|i| ((p * 11 + i) as f32 * 0.17).cos()).collect();
+            pool.write(&table, 0, p, &k, &v);
+        }
+        // Block 0 at int8, block 1 at int4 (always widened), block 2 at f16.
+        assert!(pool.set_level(&table, 0, None, Level::Int8));
+        assert!(pool.set_level(&table, 1, None, Level::Int4));
+        let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.12, sinks: None };
+        let q: Vec<f32> = (0..2 * heads * hd).map(|i| (i as f32 * 0.23).cos()).collect();
+        // Two queries of one tile: every block is widened to f32 first.
+        let tile =
+            [QueryPos { table: &table, pos: len - 2, first: 0 }, QueryPos { table: &table, pos: len - 1, first: 0 }];
+        let mut widened = vec![0.0; q.len()];
+        attend(&pool, 0, &shape, &tile, &q, &mut widened);
+        // The second query alone, as a decoding token: f16 and int8 blocks read in place.
+        let mut alone = vec![0.0; heads * hd];
+        attend(&pool, 0, &shape, &tile[1..], &q[heads * hd..], &mut alone);
+        assert!(alone.iter().any(|&x| x != 0.0));
+        assert_eq!(alone, widened[heads * hd..], "the same sums in the same order give the same bits");
+        // And both are attention over the values the levels stand for (their codes times their
+        // scales plus their minimums), with the scales folded in elsewhere: only rounding apart.
+        let stored = |kv: usize, keys: bool| {
+            let mut rows = vec![0f32; len.next_multiple_of(BLOCK_TOKENS) * hd];
+            for (b, &id) in table.blocks.iter().enumerate() {
+                let out = &mut rows[b * BLOCK_TOKENS * hd..][..BLOCK_TOKENS * hd];
+                let layer = pool.layer(id, 0);
+                assert!(if keys {
+                    layer.keys_into(kv, hd, (0, BLOCK_TOKENS), out)
+                } else {
+                    layer.values_into(kv, hd, (0, BLOCK_TOKENS), out)
+                });
+            }
+            rows.chunks_exact(hd).take(len).map(<[f32]>::to_vec).collect::<Vec<_>>()
+        };
+        for (t, pos) in [(0, len - 2), (1, len - 1)] {
+            for h in 0..heads {
+                let kv = h / (heads / kv_heads);
+                let qh = &q[(t * heads + h) * hd..][..hd];
+                let want = reference(qh, &stored(kv, true)[..=pos], &stored(kv, false)[..=pos], shape.scale, None);
+                let got = &widened[(t * heads + h) * hd..][..hd];
+                for (a, b) in got.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-4, "query {t} head {h}: {a} vs {b}");
                 }
             }
         }

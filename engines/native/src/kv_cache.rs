@@ -644,6 +644,17 @@ impl KvPool {
     pub fn layer(&self, id: BlockId, layer: usize) -> &LayerBlock {
         &self.blocks[id as usize].layers[layer]
     }
+
+    /// Asks the CPU to bring block `id`'s entry for `layer` (its level and where its storage
+    /// lies) into its cache, without reading it: attention calls it two blocks ahead, so that
+    /// reading the entry, then prefetching the storage it points to, never waits on memory.
+    /// Each block's entries are their own allocation: walking a sequence's blocks at one layer
+    /// otherwise misses the cache at every block.
+    #[inline(always)]
+    pub fn prefetch_layer(&self, id: BlockId, layer: usize) {
+        let entry: *const LayerBlock = self.blocks[id as usize].layers.as_ptr().wrapping_add(layer);
+        crate::kernels::prefetch(entry.cast(), std::mem::size_of::<LayerBlock>());
+    }
 }
 
 #[cfg(test)]

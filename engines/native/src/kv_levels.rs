@@ -80,33 +80,40 @@ impl LayerBlock {
         }
     }
 
-    /// Asks the CPU to bring the keys (or values) of KV head `kv` into its cache: attention
-    /// calls it for the next block while it works on this one. Blocks are separate
-    /// allocations, so the hardware prefetcher, which follows one address stream, would
-    /// otherwise stall at every block's first lines.
+    /// Asks the CPU to bring the keys (or values) of KV head `kv`, codes and scales, into its
+    /// cache: attention calls it for the next block while it works on this one. Blocks and
+    /// their scales are separate allocations, so the hardware prefetcher, which follows one
+    /// address stream, would otherwise stall at the first lines of each.
     #[inline(always)]
     pub fn prefetch(&self, kv: usize, hd: usize, keys: bool) {
-        let (data, bits): (*const u8, usize) = match (self, keys) {
-            (LayerBlock::F16 { k, .. }, true) => (k.as_ptr().cast(), 16),
-            (LayerBlock::F16 { v, .. }, false) => (v.as_ptr().cast(), 16),
-            (LayerBlock::Int8 { k, .. }, true) => (k.as_ptr().cast(), 8),
-            (LayerBlock::Int8 { v, .. }, false) => (v.as_ptr().cast(), 8),
-            (LayerBlock::Int4 { k, .. }, true) => (k.as_ptr(), 4),
-            (LayerBlock::Int4 { v, .. }, false) => (v.as_ptr(), 4),
-            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => return,
-        };
-        // One KV head's codes, in bytes (the scales are small and left to the hardware).
-        let span = BLOCK_TOKENS * hd * bits / 8;
-        let from = kv * span;
-        #[cfg(target_arch = "x86_64")]
-        for line in (from..from + span).step_by(64) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: a prefetch reads nothing architecturally and never faults; the address
-            // lies inside the block's own storage anyway.
-            unsafe { _mm_prefetch(data.wrapping_add(line).cast(), _MM_HINT_T0) };
+        use crate::kernels::prefetch;
+        let head = BLOCK_TOKENS * hd; // codes of one KV head
+        let span = |xs: *const u8, bits: usize| prefetch(xs.wrapping_add(kv * head * bits / 8), head * bits / 8);
+        // Scales: keys have one per channel, values one per position (per group at int4).
+        let scales = |xs: &[f16], per_head: usize| prefetch(xs[kv * per_head..].as_ptr().cast(), per_head * 2);
+        match (self, keys) {
+            (LayerBlock::F16 { k, .. }, true) => span(k.as_ptr().cast(), 16),
+            (LayerBlock::F16 { v, .. }, false) => span(v.as_ptr().cast(), 16),
+            (LayerBlock::Int8 { k, k_scale, .. }, true) => {
+                span(k.as_ptr().cast(), 8);
+                scales(k_scale, hd);
+            }
+            (LayerBlock::Int8 { v, v_scale, .. }, false) => {
+                span(v.as_ptr().cast(), 8);
+                scales(v_scale, BLOCK_TOKENS);
+            }
+            (LayerBlock::Int4 { k, k_scale, k_min, .. }, true) => {
+                span(k.as_ptr(), 4);
+                scales(k_scale, hd);
+                scales(k_min, hd);
+            }
+            (LayerBlock::Int4 { v, v_scale, v_min, .. }, false) => {
+                span(v.as_ptr(), 4);
+                scales(v_scale, BLOCK_TOKENS * hd.div_ceil(V_GROUP));
+                scales(v_min, BLOCK_TOKENS * hd.div_ceil(V_GROUP));
+            }
+            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => {}
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (data, from);
     }
 
     /// This block stored at `level`, a lower one than its own (`None` otherwise). From f16 the
@@ -197,6 +204,44 @@ impl LayerBlock {
         }
     }
 
+    /// The keys (or values) of KV head `kv` where attention's kernels read them in place:
+    /// f16 rows, or int8 or int4 codes with their scales; `None` for an evicted block.
+    pub fn rows(&self, kv: usize, hd: usize, keys: bool) -> Option<BlockRows<'_>> {
+        let head = kv * BLOCK_TOKENS * hd..(kv + 1) * BLOCK_TOKENS * hd;
+        let nibbles = head.start / 2..head.end / 2;
+        let channels = kv * hd..(kv + 1) * hd;
+        let plain = |data| BlockRows { data, scale: None, min: None, group: hd };
+        Some(match (self, keys) {
+            (LayerBlock::F16 { k, .. }, true) => plain(RowData::F16(&k[head])),
+            (LayerBlock::F16 { v, .. }, false) => plain(RowData::F16(&v[head])),
+            (LayerBlock::Int8 { k, k_scale, .. }, true) => {
+                BlockRows { data: RowData::I8(&k[head]), scale: Some(&k_scale[channels]), min: None, group: hd }
+            }
+            (LayerBlock::Int8 { v, v_scale, .. }, false) => BlockRows {
+                data: RowData::I8(&v[head]),
+                scale: Some(&v_scale[kv * BLOCK_TOKENS..][..BLOCK_TOKENS]),
+                min: None,
+                group: hd,
+            },
+            (LayerBlock::Int4 { k, k_scale, k_min, .. }, true) => BlockRows {
+                data: RowData::U4(&k[nibbles]),
+                scale: Some(&k_scale[channels.clone()]),
+                min: Some(&k_min[channels]),
+                group: hd,
+            },
+            (LayerBlock::Int4 { v, v_scale, v_min, .. }, false) => {
+                let n = BLOCK_TOKENS * hd.div_ceil(V_GROUP);
+                BlockRows {
+                    data: RowData::U4(&v[nibbles]),
+                    scale: Some(&v_scale[kv * n..][..n]),
+                    min: Some(&v_min[kv * n..][..n]),
+                    group: V_GROUP,
+                }
+            }
+            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => return None,
+        })
+    }
+
     /// The keys of KV head `kv`, positions `from..to` of the block, into `out[from*hd..to*hd]`
     /// as f32; false when the block is evicted (nothing written).
     pub fn keys_into(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
@@ -261,6 +306,45 @@ impl LayerBlock {
             LayerBlock::Evicted | LayerBlock::OutOfWindow => return false,
         }
         true
+    }
+}
+
+/// One KV head's keys or values of a block as attention's kernels read them: rows of
+/// `head_dim` codes or values, one per slot, and the scales (and minimums) that make codes
+/// values. A key is `min[c] + code * scale[c]` per channel `c` (`head_dim` of each); a value is
+/// `min + code * scale` with one pair per row and group of `group` channels (`[rows][groups]`;
+/// int8 has one group of `head_dim` and no minimum). The kernels fold the scales into the
+/// queries or the softmax weights, and the minimums into one term per head (or per group),
+/// so that codes cost the arithmetic of f16 values and read fewer bytes.
+#[derive(Clone, Copy)]
+pub struct BlockRows<'a> {
+    pub data: RowData<'a>,
+    pub scale: Option<&'a [f16]>,
+    pub min: Option<&'a [f16]>,
+    /// Channels that share a value's scale and minimum.
+    pub group: usize,
+}
+
+#[derive(Clone, Copy)]
+pub enum RowData<'a> {
+    /// A block widened to f32 (codes stay unscaled: exact).
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    /// Int8 codes, in place.
+    I8(&'a [i8]),
+    /// Int4 codes, in place: two a byte, channel `2i` in the low nibble of byte `i`.
+    U4(&'a [u8]),
+}
+
+impl BlockRows<'_> {
+    /// The rows of `hd` values it holds.
+    pub fn rows(&self, hd: usize) -> usize {
+        match self.data {
+            RowData::F32(x) => x.len() / hd,
+            RowData::F16(x) => x.len() / hd,
+            RowData::I8(x) => x.len() / hd,
+            RowData::U4(x) => x.len() * 2 / hd,
+        }
     }
 }
 

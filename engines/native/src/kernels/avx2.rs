@@ -1,8 +1,7 @@
 //! AVX2 + FMA dot products of f32 activations with weight rows as stored (bf16, f16 or f32),
 //! widening eight weights at a time in registers: the weights are read once, straight from the
-//! mapped file, with no f32 copy; f16 slices widened to f32 (the KV cache's blocks); and the
-//! two loops of attention over a block (scores, and the weighted sum of values).
-//! Callers check the CPU (`is_x86_feature_detected!`) first.
+//! mapped file, with no f32 copy; and f16 or int8 slices widened to f32 (the KV cache's blocks,
+//! for the tiles of prompt queries that read each block many times). Callers check the CPU (`is_x86_feature_detected!`) first.
 
 use std::arch::x86_64::*;
 
@@ -94,82 +93,6 @@ pub unsafe fn widen_i8(src: &[i8], scale: &[f32], per_row: bool, hd: usize, out:
                 let s = if per_row { row_scale } else { _mm256_loadu_ps(scale.as_ptr().add(c)) };
                 _mm256_storeu_ps(op.add(r * hd + c), _mm256_mul_ps(x, s));
             }
-        }
-    }
-}
-
-/// `out[s] = scale * q . keys[s]` for each row `s` of `keys` (rows of `q.len()`, a multiple of
-/// 8), four rows at a time in independent sums.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attention_dots(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
-    let hd = q.len();
-    assert!(hd.is_multiple_of(8) && keys.len() == out.len() * hd);
-    let (qp, kp) = (q.as_ptr(), keys.as_ptr());
-    let mut s = 0;
-    // SAFETY (every load below): row r < out.len() and c + 8 <= hd keep each read inside
-    // `keys` (out.len() * hd values) or `q` (hd values).
-    unsafe {
-        while s + 4 <= out.len() {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for c in (0..hd).step_by(8) {
-                let qv = _mm256_loadu_ps(qp.add(c));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add((s + r) * hd + c)), *a);
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                out[s + r] = hsum(*a) * scale;
-            }
-            s += 4;
-        }
-        while s < out.len() {
-            let mut a = _mm256_setzero_ps();
-            for c in (0..hd).step_by(8) {
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(kp.add(s * hd + c)), a);
-            }
-            out[s] = hsum(a) * scale;
-            s += 1;
-        }
-    }
-}
-
-/// `out += sum over s of weights[s] * values[s]` (rows of `out.len()`, a multiple of 8), 32
-/// channels at a time held in registers across the rows.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attention_weighted_sum(weights: &[f32], values: &[f32], out: &mut [f32]) {
-    let hd = out.len();
-    assert!(hd.is_multiple_of(8) && values.len() == weights.len() * hd);
-    let (vp, op) = (values.as_ptr(), out.as_mut_ptr());
-    let mut c = 0;
-    // SAFETY (every access below): c + 8 * lanes <= hd and s < weights.len() keep each access
-    // inside `out` (hd values) or `values` (weights.len() * hd values).
-    unsafe {
-        while c + 32 <= hd {
-            let mut acc: [__m256; 4] = std::array::from_fn(|j| _mm256_loadu_ps(op.add(c + 8 * j)));
-            for (s, &w) in weights.iter().enumerate() {
-                let wv = _mm256_set1_ps(w);
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp.add(s * hd + c + 8 * j)), *a);
-                }
-            }
-            for (j, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(op.add(c + 8 * j), *a);
-            }
-            c += 32;
-        }
-        while c < hd {
-            let mut a = _mm256_loadu_ps(op.add(c));
-            for (s, &w) in weights.iter().enumerate() {
-                a = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vp.add(s * hd + c)), a);
-            }
-            _mm256_storeu_ps(op.add(c), a);
-            c += 8;
         }
     }
 }

@@ -1,6 +1,8 @@
 //! CPU kernels of the forward pass (f32 compute over weights as stored on disk).
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod attention_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 pub mod linear;
 pub mod mxfp4;
@@ -18,6 +20,26 @@ pub(crate) fn simd() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// Asks the CPU to bring the `bytes` from `data` into its cache (one request per 64-byte line;
+/// nothing where the target has no prefetch instruction). A prefetch never faults, so the span
+/// may reach past an allocation.
+#[inline(always)]
+pub(crate) fn prefetch(data: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // From the line that holds `data` to the one that holds its last byte.
+        let first = data as usize & !63;
+        let last = (data as usize).wrapping_add(bytes.max(1) - 1);
+        for line in (first..=last).step_by(64) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: a prefetch reads nothing architecturally and never faults.
+            unsafe { _mm_prefetch(line as *const i8, _MM_HINT_T0) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, bytes);
 }
 
 /// `src` as f32 into `dst` (equal lengths). Where the CPU has F16C, eight values a register in
