@@ -6,7 +6,9 @@
 # STAGED/llama.cpp and STAGED/skel, when present (the source tree and GGUF skeletons, see
 # llama_cpp.sh and random_gguf.py), add llama.cpp's CUDA backend on GGUFs of random weights;
 # its build runs beside the tests and is over before any benchmark starts.
-# TRANSFORMERS=0 leaves transformers out.
+# TRANSFORMERS=0 leaves transformers out. BENCH_ARGS: more engine-bench arguments (such as
+# `--temperature 1` for sampled decoding). BASELINE=LIB: also a plugin library built earlier
+# (the same command), benchmarked just before the staged one on each model.
 # BUILD_REPO: the repository path the binaries were built in (the tests read goldens and
 # manifests by it); default /work/main.
 set -uo pipefail
@@ -31,11 +33,20 @@ if [ -n "${llama_build:-}" ]; then
 fi
 plugin=/tmp/llmr-plugin/native/cuda
 mkdir -p "$plugin" && cp engines/native/cuda/manifest.json "$staged/release/libllmr_native_engine.so" "$plugin/"
+if [ -n "${BASELINE:-}" ]; then
+  baseline=/tmp/llmr-baseline/native/cuda
+  mkdir -p "$baseline" && cp engines/native/cuda/manifest.json "$baseline/" && cp "$BASELINE" "$baseline/libllmr_native_engine.so"
+fi
+native_bench() {  # LABEL PLUGIN MODEL
+  echo "== $3 $1 ${BENCH_ARGS:-}"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  "$staged/release/engine-bench" --plugin "$2" --model "$LLMR_MODEL_CACHE/$3" --pp 512 --tg 128 --reps 5 \
+    --concurrency 1,4,16,64 --npp 32 --ntg 64 ${BENCH_ARGS:-} 2>/tmp/native-$3.log || tail -20 /tmp/native-$3.log
+}
 declare -A skeleton=([smollm2-hf]=smollm2-135m-instruct [gemma3-hf]=gemma-3-270m)
 for m in ${BENCH_MODELS:-smollm2-hf gemma3-hf}; do
-  echo "== $m native"
-  "$staged/release/engine-bench" --plugin "$plugin" --model "$LLMR_MODEL_CACHE/$m" --pp 512 --tg 128 --reps 5 \
-    --concurrency 1,4,16,64 --npp 32 --ntg 64 2>/tmp/native-$m.log || tail -20 /tmp/native-$m.log
+  [ -n "${baseline:-}" ] && native_bench baseline "$baseline" "$m"
+  native_bench native "$plugin" "$m"
   if [ "${TRANSFORMERS:-1}" != 0 ]; then
     echo "== $m transformers"
     python3 bench/transformers_bench.py "$LLMR_MODEL_CACHE/$m" --device cuda --pp 512 --tg 128 --reps 5

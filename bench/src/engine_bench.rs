@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use llmr_engine_host::{
     load_one, CallError, Constraint, EngineInstance, EngineRegistry, FinishReason, Format, InferParams, InferResult,
-    InstanceConfig, Manifest, ModelSpec, TokenEvent,
+    InstanceConfig, Manifest, ModelSpec, Sampling, TokenEvent,
 };
 use llmr_engine_worker::{WorkerCommand, WorkerEngine};
 use llmr_tool_calls::{ToolCallFormat, ToolSchema};
@@ -56,6 +56,13 @@ struct Args {
     /// Context per sequence.
     #[arg(long, default_value_t = 1024)]
     ctx: u32,
+    /// Sample the tg and batch tests' tokens at this temperature (seeded) instead of greedily:
+    /// what a client's default request (temperature 1) costs the engine's sampling.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-p of those sampled tokens.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// The model's load options, a JSON object (the native engine's `kv_policy`,
     /// `kv_budget_mib`).
     #[arg(long)]
@@ -71,6 +78,16 @@ struct Args {
     worker: Option<PathBuf>,
     #[arg(long)]
     worker_arg: Vec<String>,
+}
+
+impl Args {
+    /// `--temperature` and `--top-p` on a request's settings (greedy when the temperature is 0),
+    /// seeded so that a run repeats.
+    fn sample(&self, s: &mut Sampling, seed: u64) {
+        if self.temperature > 0.0 {
+            (s.temperature, s.top_p, s.seed) = (self.temperature, self.top_p, Some(seed));
+        }
+    }
 }
 
 /// The plugin in this process, or in a worker process.
@@ -217,6 +234,7 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>, free_te
             format!("{rep}")
         };
         let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", &prompt);
+        args.sample(&mut p.sampling, rep as u64);
         p.sampling.max_tokens = Some(args.tg + 1);
         p.sampling.constraint = constraint.cloned();
         p.sampling.speculative = false;
@@ -261,6 +279,7 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
         let start = Instant::now();
         let results = each_at_once(&prompts, |prompt| {
             let mut p = InferParams::greedy(NEXT_ID.fetch_add(1, Ordering::Relaxed), "m", prompt);
+            args.sample(&mut p.sampling, p.request_id);
             p.sampling.max_tokens = Some(args.ntg);
             p.sampling.constraint = constraint.cloned();
             p.sampling.speculative = false;

@@ -10,7 +10,7 @@
 //! top-k, top-p, min-p, temperature, then a seeded draw.
 
 use crate::logits::argmax;
-use crate::temperature::{exp_nonpositive, TemperatureSampler};
+use crate::temperature::{exp_nonpositive, Draw, TemperatureSampler};
 use llmr_engine_types::Sampling;
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,6 +66,13 @@ impl Direct {
     }
 }
 
+/// A next id that a model picks where its logits are ([`Sampler::device_pick`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DevicePick {
+    Argmax,
+    Draw(Draw),
+}
+
 /// One request's sampler: [`Direct`] where it applies, else a [`Chain`].
 pub struct Sampler {
     kind: Kind,
@@ -91,10 +98,18 @@ impl Sampler {
         matches!(self.kind, Kind::Chain(_))
     }
 
-    /// Whether this request takes the most likely id as it is (greedy, no penalties): a model
-    /// that finds it itself, such as on a GPU, can then hand over the id instead of the logits.
-    pub fn is_argmax(&self) -> bool {
-        matches!(self.kind, Kind::Direct(Direct::Argmax))
+    /// How a model that holds the logits where the host cannot read them cheaply (a GPU) picks
+    /// this request's next id itself, handing over the id instead of the vocabulary's logits:
+    /// the most likely one (greedy, no penalties), or a temperature draw (top-p and min-p
+    /// included), which takes this sampler's next random number as [`Self::sample`] would.
+    /// `None` where only the host can (a chain: top-k or penalties), or where it would draw and
+    /// the model cannot (`draws` false).
+    pub fn device_pick(&mut self, draws: bool) -> Option<DevicePick> {
+        match &mut self.kind {
+            Kind::Direct(Direct::Argmax) => Some(DevicePick::Argmax),
+            Kind::Direct(Direct::Temperature(t)) if draws => Some(DevicePick::Draw(t.next_draw())),
+            _ => None,
+        }
     }
 
     /// The next token from `logits`. `history` is what the penalties look back over (only its
@@ -606,6 +621,28 @@ mod tests {
             let t = s.sample(&logits, &[]);
             assert!(nucleus.binary_search(&t).is_ok(), "{t} outside the nucleus");
             assert!(logits[t as usize] >= max + 0.2f32.ln());
+        }
+    }
+
+    #[test]
+    fn a_device_pick_draws_what_the_host_sampler_draws_from_the_same_seed() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        let logits: Vec<f32> = (0..4000).map(|_| rng.f32() * 12.0).collect();
+        for p in [
+            settings(|p| p.temperature = 0.8),
+            settings(|p| (p.temperature, p.top_p) = (1.0, 0.9)),
+            settings(|p| (p.temperature, p.min_p) = (1.3, 0.05)),
+        ] {
+            let (mut host, mut device) = (Sampler::new(&p, logits.len()), Sampler::new(&p, logits.len()));
+            for _ in 0..500 {
+                let Some(DevicePick::Draw(d)) = device.device_pick(true) else { panic!("{p:?} draws on a device") };
+                assert_eq!(d.choose(&logits) as u32, host.sample(&logits, &[]), "{p:?}");
+            }
+        }
+        assert_eq!(Sampler::new(&Sampling::greedy(), 10).device_pick(false), Some(DevicePick::Argmax));
+        assert_eq!(Sampler::new(&settings(|p| p.temperature = 0.8), 10).device_pick(false), None);
+        for chain in [settings(|p| p.top_k = Some(40)), settings(|p| p.repeat_penalty = 1.1)] {
+            assert_eq!(Sampler::new(&chain, 10).device_pick(true), None, "{chain:?} needs the host's chain");
         }
     }
 }

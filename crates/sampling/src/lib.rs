@@ -21,11 +21,11 @@ mod prefix_store;
 mod step_cost;
 mod temperature;
 
-pub use chain::{is_greedy, random_seed, Chain, Direct, Sampler, PENALTY_LAST_N};
+pub use chain::{is_greedy, random_seed, Chain, DevicePick, Direct, Sampler, PENALTY_LAST_N};
 pub use draft::{DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
 pub use llmr_engine_types::Sampling;
 pub use logits::{argmax, logprobs};
 pub use pacing::Pacer;
 pub use prefix_store::{common_prefix, PrefixStore};
 pub use step_cost::StepCost;
-pub use temperature::TemperatureSampler;
+pub use temperature::{Draw, TemperatureSampler};

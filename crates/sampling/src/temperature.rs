@@ -6,8 +6,9 @@
 //! decode and more at high concurrency, where the scheduler samples every sequence in turn. Here
 //! the weights come from one pass of plain arithmetic that the compiler vectorizes, and the draw
 //! finds its block of 512 ids before its token: 0.14 ms per draw over 262,144 logits (one pass of
-//! libm `expf` alone takes 0.89 ms). Top-p finds its cut from a histogram of the logits and a
-//! sort of one bucket instead of sorting the vocabulary.
+//! libm `expf` alone takes 0.89 ms). Top-p finds its cut from two histograms of the
+//! probabilities instead of sorting the vocabulary, in integer sums that a GPU kernel repeats to
+//! the bit, so that a draw made on the device is the host's.
 
 /// e^x for x <= 0, to about 2e-6 relative error, in arithmetic without calls, branches or
 /// float-to-int conversions, so that loops over it vectorize. Below -87 it is about 1e-38.
@@ -34,15 +35,14 @@ struct Scratch {
     weights: Vec<f32>,
     /// Sum of each `BLOCK` of weights, to find the drawn token fast.
     blocks: Vec<f32>,
-    /// Top-p: probabilities at temperature 1 (unnormalized) and their mass per logit bucket.
+    /// Top-p: probabilities at temperature 1, their mass (in fixed point) per bucket, and the
+    /// tokens of the group where the cut falls (bucket, logit).
     probs: Vec<f32>,
-    mass: Vec<f32>,
+    mass: Vec<u64>,
+    inside: Vec<(u32, f32)>,
 }
 
 const BLOCK: usize = 512;
-/// Top-p buckets: 1/16 of a logit wide, 64 logits deep; everything below goes in the last.
-const BUCKETS_PER_LOGIT: f32 = 16.0;
-const BUCKETS: usize = 1024;
 
 #[inline(always)]
 fn max_of(logits: &[f32]) -> f32 {
@@ -57,62 +57,81 @@ fn max_of(logits: &[f32]) -> f32 {
     lanes.iter().copied().fold(tail, f32::max)
 }
 
-/// Sum with eight running lanes: vectorizes, and rounds less than one long chain.
-#[inline(always)]
-fn sum_of(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let chunks = values.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for (s, v) in lanes.iter_mut().zip(c) {
-            *s += v;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
+/// Top-p's probabilities (at temperature 1) in fixed point, 2^40 for 1: their sums are exact in
+/// any order, so a GPU kernel summing them in parallel (the native engine's `pick_rows`) finds
+/// the same cut as this code.
+const FIXED_ONE: f32 = 1_099_511_627_776.0;
+/// Top-p's histogram buckets by distance below the best logit: 1/16384 of a logit wide, in
+/// groups of 1024 (1/16 of a logit); the last catches everything from 64 logits down.
+const FINE_PER_LOGIT: f32 = 16384.0;
+const FINE_LAST: u32 = 1024 * 1024 - 1;
+const GROUP_BITS: u32 = 10;
+const GROUP: usize = 1 << GROUP_BITS;
 
 #[inline(always)]
-fn bucket(gap_below_max: f32) -> usize {
-    ((gap_below_max * BUCKETS_PER_LOGIT) as usize).min(BUCKETS - 1)
+fn fine_bucket(below_best: f32) -> u32 {
+    (below_best * FINE_PER_LOGIT).min(FINE_LAST as f32) as u32
 }
 
-/// How far below the best logit llama.cpp's top-p sampler would cut: it keeps the smallest set of
-/// most likely tokens whose probability (at temperature 1, before min-p and the temperature, as
-/// in its chain) reaches `p`. Tokens tied with the last one kept are kept too.
+/// A probability in fixed point (`FIXED_ONE` for 1).
 #[inline(always)]
-fn top_p_gap(logits: &[f32], max: f32, p: f32, scratch: &mut Scratch) -> f32 {
-    scratch.probs.clear();
-    scratch.probs.extend(logits.iter().map(|&l| exp_nonpositive(l - max)));
-    let wanted = p * sum_of(&scratch.probs);
-    scratch.mass.clear();
-    scratch.mass.resize(BUCKETS, 0.0);
-    for (&l, &e) in logits.iter().zip(&scratch.probs) {
-        scratch.mass[bucket(max - l)] += e;
-    }
-    let mut before = 0.0f32;
-    let mut edge = BUCKETS - 1;
-    for (b, &m) in scratch.mass.iter().enumerate() {
+fn fixed(prob: f32) -> u64 {
+    // Through i64, one instruction on x86-64 (the product is at most 2^40).
+    (prob * FIXED_ONE) as i64 as u64
+}
+
+/// The first bucket of `hist` where the running sum from `before` reaches `wanted` (the last
+/// when none does), and the sum before it.
+fn crossing(hist: &[u64], wanted: u64, mut before: u64) -> (usize, u64) {
+    for (b, &m) in hist.iter().enumerate() {
         if before + m >= wanted {
-            edge = b;
-            break;
+            return (b, before);
         }
         before += m;
     }
-    // The cut lies in bucket `edge`: its tokens, most likely first.
-    let mut inside: Vec<(f32, f32)> = logits
-        .iter()
-        .zip(&scratch.probs)
-        .filter(|(&l, _)| bucket(max - l) == edge)
-        .map(|(&l, &e)| (l - max, e))
-        .collect();
-    inside.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
-    for (x, e) in inside {
-        before += e;
-        if before >= wanted {
-            return x;
+    (hist.len() - 1, before - hist[hist.len() - 1])
+}
+
+/// How far below the best logit top-p cuts, as llama.cpp's top-p sampler does: it keeps the
+/// smallest set of most likely tokens whose probability (at temperature 1, before min-p and
+/// the temperature, as in its chain) reaches `p`. Tokens within 1/16384 of a logit of the last
+/// one kept (a probability 1.00006 times its own) are kept too: the cut is found in a
+/// histogram, by group, then by bucket in the group where the mass reaches `p`, not by a sort.
+#[inline(always)]
+fn top_p_gap(logits: &[f32], max: f32, p: f32, scratch: &mut Scratch) -> f32 {
+    // One pass of plain arithmetic that vectorizes, then the histogram by group.
+    scratch.probs.clear();
+    scratch.probs.extend(logits.iter().map(|&l| exp_nonpositive(l - max)));
+    let hist = &mut scratch.mass;
+    hist.clear();
+    hist.resize(GROUP, 0);
+    let mut total = 0u64;
+    for (&l, &e) in logits.iter().zip(&scratch.probs) {
+        // Adding the 0 of a far-down token changes nothing: no branch.
+        let q = fixed(e);
+        hist[(fine_bucket(max - l) >> GROUP_BITS) as usize] += q;
+        total += q;
+    }
+    let wanted = (total as f64 * f64::from(p)) as u64;
+    let (group, before) = crossing(hist, wanted, 0);
+    // The group's tokens, then the bucket in it where the mass reaches `wanted`.
+    scratch.inside.clear();
+    hist.clear();
+    hist.resize(GROUP, 0);
+    for (&l, &e) in logits.iter().zip(&scratch.probs) {
+        let fine = fine_bucket(max - l);
+        if (fine >> GROUP_BITS) as usize == group && fixed(e) != 0 {
+            hist[fine as usize & (GROUP - 1)] += fixed(e);
+            scratch.inside.push((fine, l));
         }
     }
-    f32::NEG_INFINITY // rounding left the total a hair short: keep everything
+    let cut = ((group << GROUP_BITS) | crossing(hist, wanted, before).0) as u32;
+    let lowest = scratch.inside.iter().filter(|t| t.0 == cut).fold(f32::INFINITY, |m, t| m.min(t.1));
+    if lowest.is_finite() {
+        lowest - max
+    } else {
+        f32::NEG_INFINITY
+    }
 }
 
 /// Fills the weights of one draw, e^((logit - max) / T) for the tokens that top-p and min-p keep
@@ -177,19 +196,58 @@ impl TemperatureSampler {
     /// Draws a token id with probability softmax(logits / temperature), among the tokens top-p
     /// and min-p keep.
     pub fn sample(&mut self, logits: &[f32]) -> usize {
+        let draw = self.next_draw();
+        draw.choose_with(logits, &mut self.scratch)
+    }
+
+    /// The next draw as settings and its random number, for a model that holds the logits
+    /// where the host cannot read them cheaply (a GPU) and draws there, as [`Self::sample`]
+    /// would: it takes the same one number from the generator, so a seeded request draws the
+    /// same sequence of numbers on either side.
+    pub fn next_draw(&mut self) -> Draw {
+        Draw {
+            u: self.rng.f32(),
+            inv_temperature: self.inv_temperature,
+            min_logit_gap: self.min_logit_gap,
+            top_p: self.top_p,
+        }
+    }
+}
+
+/// One temperature draw: its settings and its uniform number (what a GPU kernel needs to draw
+/// from the logits it holds as [`TemperatureSampler::sample`] draws on the host).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    /// In [0, 1): where the draw lands in the kept tokens' cumulative weight, in id order.
+    pub u: f32,
+    pub inv_temperature: f32,
+    /// Tokens more than this far below the best logit are left out (ln(min_p), or the lowest
+    /// finite gap without min-p).
+    pub min_logit_gap: f32,
+    /// Keep the most likely tokens up to this probability at temperature 1 (1: all).
+    pub top_p: f32,
+}
+
+impl Draw {
+    /// The id this draw picks from `logits` on the host.
+    pub fn choose(&self, logits: &[f32]) -> usize {
+        self.choose_with(logits, &mut Scratch::default())
+    }
+
+    fn choose_with(&self, logits: &[f32], scratch: &mut Scratch) -> usize {
         let (scale, gap, top_p) = (self.inv_temperature, self.min_logit_gap, self.top_p);
         #[cfg(target_arch = "x86_64")]
         let total = if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: `weigh_avx2` only requires the CPU to have AVX2 and FMA, checked just above;
             // its arguments are ordinary references, as for `weigh`.
-            unsafe { weigh_avx2(logits, scale, gap, top_p, &mut self.scratch) }
+            unsafe { weigh_avx2(logits, scale, gap, top_p, scratch) }
         } else {
-            weigh(logits, scale, gap, top_p, &mut self.scratch)
+            weigh(logits, scale, gap, top_p, scratch)
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let total = weigh(logits, scale, gap, top_p, &mut self.scratch);
-        let Scratch { weights, blocks, .. } = &self.scratch;
-        let mut target = self.rng.f32() * total;
+        let total = weigh(logits, scale, gap, top_p, scratch);
+        let Scratch { weights, blocks, .. } = scratch;
+        let mut target = self.u * total;
         // Find the block, then the token in it. Rounding may leave the sums a hair short of the
         // target: then the last token with weight is the draw.
         let mut last_kept = 0;

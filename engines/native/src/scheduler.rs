@@ -13,7 +13,7 @@
 //! panic in the policy path puts the baseline back (nothing lowered any more; blocks with f16
 //! copies come back up) and is counted.
 
-use crate::arch::{BatchToken, Model, Scratch};
+use crate::arch::{BatchToken, Model, Picked, Scratch};
 use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
 use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
 use crate::kv_control::{self, SeqView};
@@ -105,11 +105,11 @@ pub struct StepSettings {
     pub ctx_per_seq: usize,
 }
 
-/// What a step produced for the sequences that sample: logits rows, or (greedy steps on a
-/// model that finds them itself) the ids.
+/// What a step produced for the sequences that sample: logits rows, or (on a model that picks
+/// ids where its logits are) an id or the logits for each.
 enum StepOutput {
     Logits(Vec<f32>),
-    Ids(Vec<u32>),
+    Picked(Vec<Picked>),
 }
 
 /// One sequence's share of a [`StepOutput`].
@@ -410,18 +410,26 @@ impl Scheduler {
                 row += 1;
             }
         }
-        // When every sampling sequence takes the most likely id as it is, a model that finds
-        // it itself (on a GPU) hands over ids rather than the vocabulary's logits.
-        let greedy = self
-            .running
-            .iter()
-            .filter(|r| r.logits_row.is_some())
-            .all(|r| r.sampler.is_argmax() && r.constrained.is_none() && r.job.sampling.logprobs.is_none());
+        // A model that picks ids where its logits are (on a GPU) picks them for the sequences
+        // that let it (greedy or a temperature draw; no top-k, penalties, grammar or logprobs):
+        // the host reads their ids, and the logits of the others only.
+        let picks = self.model.picks_on_device().map(|draws| {
+            let mut picks = vec![None; row];
+            for r in self.running.iter_mut() {
+                if let Some(at) = r.logits_row {
+                    if r.constrained.is_none() && r.job.sampling.logprobs.is_none() {
+                        picks[at] = r.sampler.device_pick(draws);
+                    }
+                }
+            }
+            picks
+        });
+        let picks = picks.filter(|p| p.iter().any(Option::is_some));
         let started = Instant::now();
         let tables: Vec<&BlockTable> = self.running.iter().map(|r| &r.table).collect();
         let (model, pool, scratch) = (&self.model, &mut self.pool, &mut self.scratch);
-        let out = self.threads.install(|| match greedy.then(|| model.argmax(&tables, &batch)).flatten() {
-            Some(ids) => ids.map(StepOutput::Ids),
+        let out = self.threads.install(|| match picks.and_then(|p| model.pick(&tables, &batch, &p)) {
+            Some(picked) => picked.map(StepOutput::Picked),
             None => model.forward(pool, &tables, &batch, scratch).map(StepOutput::Logits),
         });
         let out = match out {
@@ -446,7 +454,10 @@ impl Scheduler {
                 Some(row) => {
                     let drawn = match &out {
                         StepOutput::Logits(logits) => Drawn::Logits(&logits[row * self.vocab..(row + 1) * self.vocab]),
-                        StepOutput::Ids(ids) => Drawn::Id(ids[row]),
+                        StepOutput::Picked(rows) => match &rows[row] {
+                            Picked::Id(id) => Drawn::Id(*id),
+                            Picked::Logits(logits) => Drawn::Logits(logits),
+                        },
                     };
                     if self.sample(i, drawn) {
                         i += 1;
@@ -464,7 +475,8 @@ impl Scheduler {
         let ctx_per_seq = self.settings.ctx_per_seq;
         let r = &mut self.running[i];
         let token = match (drawn, r.constrained.as_mut()) {
-            // Only greedy sequences without a constraint or logprobs get an id (`step`).
+            // Only sequences the model picked for get an id: greedy or a temperature draw, the
+            // draw's random number already taken from their sampler (`step`).
             (Drawn::Id(id), _) => id,
             (Drawn::Logits(logits), None) => r.sampler.sample(logits, &r.tokens),
             (Drawn::Logits(logits), Some(c)) => {

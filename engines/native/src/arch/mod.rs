@@ -11,6 +11,7 @@ use crate::config::{Arch, ModelConfig};
 use crate::kernels::linear::{forward_many, Linear};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::rope::Rope;
+use llmr_sampling::DevicePick;
 
 /// One token of a step's batch.
 #[derive(Clone, Copy, Debug)]
@@ -221,6 +222,13 @@ pub enum Model {
     Cuda(Box<crate::cuda::CudaModel>),
 }
 
+/// One output row of [`Model::pick`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Picked {
+    Id(u32),
+    Logits(Vec<f32>),
+}
+
 /// A forward pass that failed: only a GPU's can (a device error, memory); the CPU's cannot.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -247,16 +255,32 @@ impl Model {
         self.run(pool, tables, batch, s, Output::Logits)
     }
 
-    /// The most likely id of each token that asked for logits, where the model finds them
-    /// itself: a GPU model, on the device, so that the host reads 4 bytes a row rather than
-    /// the vocabulary's logits. `None` where it does not (the CPU models): sample from
-    /// [`Model::forward`] instead.
-    pub fn argmax(&self, tables: &[&BlockTable], batch: &[BatchToken]) -> Option<Result<Vec<u32>, ForwardError>> {
+    /// Whether this model picks ids where its logits are ([`Model::pick`]): a GPU model, and
+    /// then whether it also draws (temperature sampling), not only takes the most likely.
+    /// Asked before a step, because a pick that draws takes its request's next random number.
+    pub fn picks_on_device(&self) -> Option<bool> {
         #[cfg(feature = "cuda")]
         if let Model::Cuda(m) = self {
-            return Some(m.argmax(tables, batch).map_err(|e| ForwardError(e.to_string())));
+            return Some(m.draws());
         }
-        let _ = (tables, batch);
+        None
+    }
+
+    /// As [`Model::forward`], but each token that asked for logits gets its id picked where the
+    /// logits are, as `picks` (one per such token, in batch order) says, so that the host reads
+    /// 4 bytes a row rather than the vocabulary's logits; a token without a pick gets its logits.
+    /// `None` where the model does not pick ([`Model::picks_on_device`]: the CPU models).
+    pub fn pick(
+        &self,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        picks: &[Option<DevicePick>],
+    ) -> Option<Result<Vec<Picked>, ForwardError>> {
+        #[cfg(feature = "cuda")]
+        if let Model::Cuda(m) = self {
+            return Some(m.pick(tables, batch, picks).map_err(|e| ForwardError(e.to_string())));
+        }
+        let _ = (tables, batch, picks);
         None
     }
 

@@ -68,7 +68,7 @@ pub struct Kernels {
     pub gated: CudaFunction,
     pub gather: CudaFunction,
     pub softcap: CudaFunction,
-    pub argmax_rows: CudaFunction,
+    pub pick_rows: CudaFunction,
 }
 
 pub struct Gpu {
@@ -133,7 +133,7 @@ impl Gpu {
             gated: f("gated")?,
             gather: f("gather")?,
             softcap: f("softcap")?,
-            argmax_rows: f("argmax_rows")?,
+            pick_rows: f("pick_rows")?,
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
         let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));
@@ -184,9 +184,16 @@ impl Gpu {
 
     /// Waits for the stream, then reads `out.len()` values from the start of `buf`.
     pub fn read<T: DeviceRepr>(&self, buf: &DevBuf, out: &mut [T]) -> Result<(), GpuError> {
-        assert!(std::mem::size_of_val(out) <= buf.bytes);
-        // SAFETY: as in `write`; synchronizing makes the values final before returning.
-        unsafe { drv::memcpy_dtoh_async(out, buf.ptr, self.stream.cu_stream()) }.map_err(cuda)?;
+        self.read_at(buf, 0, out)
+    }
+
+    /// Waits for the stream, then reads `out.len()` values from `buf`, starting `at` values in.
+    pub fn read_at<T: DeviceRepr>(&self, buf: &DevBuf, at: usize, out: &mut [T]) -> Result<(), GpuError> {
+        let offset = at * std::mem::size_of::<T>();
+        assert!(offset + std::mem::size_of_val(out) <= buf.bytes);
+        // SAFETY: as in `write`, from `offset` bytes in, which the assert keeps inside `buf`;
+        // synchronizing makes the values final before returning.
+        unsafe { drv::memcpy_dtoh_async(out, buf.ptr + offset as u64, self.stream.cu_stream()) }.map_err(cuda)?;
         self.stream.synchronize().map_err(cuda)
     }
 

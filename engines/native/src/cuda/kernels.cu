@@ -250,11 +250,10 @@ __device__ __forceinline__ void keep_larger(float& v, int& i, float v2, int i2) 
     }
 }
 
-// ids[r] = the index of the largest value of row r of `x` (rows of `vocab`), the first where
-// several tie, as llmr_sampling::argmax picks it on the host: NaN never wins, and a row with
-// nothing above -inf gives 0. One block per row, blockDim.x a multiple of 32.
-extern "C" __global__ void argmax_rows(const float* x, int vocab, int* ids) {
-    const float* row = x + (size_t)blockIdx.x * vocab;
+// The index of the largest value of `row`, the first where several tie, as
+// llmr_sampling::argmax picks it on the host: NaN never wins, and a row with nothing above -inf
+// gives 0. Every thread of the block calls it; thread 0 gets the answer.
+__device__ int row_argmax(const float* row, int vocab) {
     const float neg_inf = __int_as_float(0xff800000);
     const int none = 0x7fffffff;
     float v = neg_inf;
@@ -274,11 +273,227 @@ extern "C" __global__ void argmax_rows(const float* x, int vocab, int* ids) {
         at[warp] = i;
     }
     __syncthreads();
-    if (warp != 0) return;
     bool held = lane < (int)(blockDim.x / 32);
     v = held ? best[lane] : neg_inf;
     i = held ? at[lane] : none;
     for (int o = 16; o > 0; o >>= 1)
         keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-    if (lane == 0) ids[blockIdx.x] = v > neg_inf ? i : 0;
+    return v > neg_inf ? i : 0;
+}
+
+// The largest of `v` over the block (NaN never wins), given to every thread.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / 32) ? partial[lane] : __int_as_float(0xff800000);
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+typedef unsigned long long u64;
+
+// The sum of `v` over the block, given to every thread.
+__device__ u64 block_sum_u64(u64 v) {
+    __shared__ u64 partial[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / 32) ? partial[lane] : 0ull;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// What pick_rows does with a row: the first of its PICK_FLOATS values (llmr_sampling's
+// DevicePick, and rows whose logits the host reads itself).
+#define PICK_ARGMAX 0
+#define PICK_DRAW 1
+#define PICK_NONE 2
+#define PICK_FLOATS 5
+// A draw sums its weights in blocks of DRAW_BLOCK ids, eight lanes each, as the host does
+// (llmr_sampling's temperature.rs), for vocabularies of up to DRAW_BLOCKS blocks.
+#define DRAW_BLOCK 512
+#define DRAW_BLOCKS 1024
+
+// llmr_sampling's exp_nonpositive, operation for operation and rounded as Rust rounds (no fused
+// multiply-adds), so that a draw's weights are the host's to the bit.
+__device__ __forceinline__ float exp_nonpositive(float x) {
+    const float rounder = 12582912.f;
+    float t = __fmul_rn(fmaxf(x, -87.f), 1.44269504088896340736f);
+    float big = __fadd_rn(t, rounder);
+    float k = __fsub_rn(big, rounder);
+    float f = __fsub_rn(t, k);
+    int k_bits = __float_as_int(big) - __float_as_int(rounder);
+    const float c0 = 0.693147180559945309417f, c1 = 0.2402265f, c2 = 0.05550411f, c3 = 0.009618129f,
+                c4 = 0.001333356f, c5 = 0.0001540353f;
+    float p = __fadd_rn(c4, __fmul_rn(f, c5));
+    p = __fadd_rn(c3, __fmul_rn(f, p));
+    p = __fadd_rn(c2, __fmul_rn(f, p));
+    p = __fadd_rn(c1, __fmul_rn(f, p));
+    p = __fadd_rn(c0, __fmul_rn(f, p));
+    p = __fadd_rn(1.f, __fmul_rn(f, p));
+    return __fmul_rn(__int_as_float((k_bits + 127) << 23), p);
+}
+
+// Top-p as llmr_sampling's top_p_gap finds it, to the bit: probabilities (at temperature 1) in
+// fixed point, 2^40 for 1, so that their sums are the same in any order, in a histogram by
+// distance below the best logit (1/16384 of a logit a bucket, 1024 buckets a group, the last
+// catching the rest), by group, then by bucket in the group where the mass reaches top-p; the
+// cut is the lowest logit in that bucket.
+#define FINE_PER_LOGIT 16384.f
+#define FINE_LAST (1024 * 1024 - 1)
+__device__ __forceinline__ int fine_bucket(float best, float l) {
+    return (int)fminf(__fmul_rn(__fsub_rn(best, l), FINE_PER_LOGIT), (float)FINE_LAST);
+}
+__device__ __forceinline__ u64 fixed_prob(float l, float best) {
+    return l == l ? (u64)__fmul_rn(exp_nonpositive(__fsub_rn(l, best)), 1099511627776.f) : 0ull;
+}
+
+// The first bucket of `hist` (1024) where the running sum from `before` reaches `wanted` (the
+// last when none does); thread 0 finds it and every thread gets it, with the sum before it in
+// `before`.
+__device__ int crossing(const u64* hist, u64 wanted, u64& before) {
+    __shared__ int edge;
+    __shared__ u64 mass_before;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int e = 1023;
+        u64 acc = before;
+        for (int b = 0; b < 1024; b++) {
+            if (acc + hist[b] >= wanted) {
+                e = b;
+                break;
+            }
+            acc += hist[b];
+        }
+        edge = e;
+        mass_before = e == 1023 && acc + hist[1023] < wanted ? acc - hist[1023] : acc;
+    }
+    __syncthreads();
+    before = mass_before;
+    return edge;
+}
+
+// How far below the best logit top-p cuts (the logit minus the best of the last token kept).
+__device__ float top_p_gap(const float* row, int vocab, float best, float top_p) {
+    __shared__ u64 hist[1024];
+    const int tid = threadIdx.x;
+    for (int b = tid; b < 1024; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    u64 mine = 0;
+    for (int c = tid; c < vocab; c += blockDim.x) {
+        u64 q = fixed_prob(row[c], best);
+        if (q == 0) continue;
+        atomicAdd(&hist[fine_bucket(best, row[c]) >> 10], q);
+        mine += q;
+    }
+    const u64 wanted = (u64)((double)block_sum_u64(mine) * (double)top_p);
+    u64 before = 0;
+    const int group = crossing(hist, wanted, before);
+    for (int b = tid; b < 1024; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (int c = tid; c < vocab; c += blockDim.x) {
+        int f = fine_bucket(best, row[c]);
+        if ((f >> 10) == group) atomicAdd(&hist[f & 1023], fixed_prob(row[c], best));
+    }
+    const int cut = group * 1024 + crossing(hist, wanted, before);
+    float lowest = __int_as_float(0x7f800000);
+    for (int c = tid; c < vocab; c += blockDim.x)
+        if (fine_bucket(best, row[c]) == cut && fixed_prob(row[c], best) != 0) lowest = fminf(lowest, row[c]);
+    lowest = -block_max(-lowest);
+    return lowest < __int_as_float(0x7f800000) ? __fsub_rn(lowest, best) : __int_as_float(0xff800000);
+}
+
+// ids[r] = the id picked from row r of `x` (rows of `vocab`) as picks[r] says:
+// PICK_ARGMAX: the most likely (row_argmax); PICK_DRAW, with (u, 1/temperature, min-p's logit
+// gap, top-p): the temperature draw llmr_sampling::Draw::choose makes on the host, the same id
+// (its cut, weights and sums computed to the bit); PICK_NONE: -1 (the host reads the row). One
+// block of 1024 threads per row.
+extern "C" __global__ void pick_rows(const float* x, int vocab, const float* picks, int* ids) {
+    const float* row = x + (size_t)blockIdx.x * vocab;
+    const float* p = picks + (size_t)blockIdx.x * PICK_FLOATS;
+    const int mode = (int)p[0], tid = threadIdx.x;
+    if (mode == PICK_ARGMAX) {
+        int id = row_argmax(row, vocab);
+        if (tid == 0) ids[blockIdx.x] = id;
+        return;
+    }
+    if (mode != PICK_DRAW) {
+        if (tid == 0) ids[blockIdx.x] = -1;
+        return;
+    }
+    const float u = p[1], inv_t = p[2], min_gap = p[3], top_p = p[4];
+    float m = __int_as_float(0xff800000);
+    for (int c = tid; c < vocab; c += blockDim.x) m = row[c] > m ? row[c] : m;
+    const float best = block_max(m);
+    const float gap = top_p < 1.f ? fmaxf(min_gap, top_p_gap(row, vocab, best, top_p)) : min_gap;
+#define WEIGHT(l) (__fsub_rn((l), best) >= gap ? exp_nonpositive(__fmul_rn(__fsub_rn((l), best), inv_t)) : 0.f)
+    // Groups of eight threads sum one block of ids each, lane j the ids j, j + 8, ... of it, then
+    // the group's first thread adds the eight lanes in order: the host's sums, rounded alike.
+    __shared__ float block_weight[DRAW_BLOCKS];
+    __shared__ int block_last[DRAW_BLOCKS];
+    const int blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK, lane = tid % 8;
+    for (int b = tid / 8; b < (blocks + 3) / 4 * 4; b += blockDim.x / 8) {
+        float sum = 0.f;
+        int last = -1;
+        const int start = b * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
+        for (int c = start + lane; c < end; c += 8) {
+            float w = WEIGHT(row[c]);
+            sum = __fadd_rn(sum, w);
+            if (w > 0.f) last = c;
+        }
+        // Lanes 1..7 of the group to its lane 0, in order (all 32 threads of the warp shuffle).
+        float total = sum;
+        for (int j = 1; j < 8; j++) {
+            float s = __shfl_sync(0xffffffffu, sum, (tid % 32) - lane + j);
+            if (lane == 0) total = __fadd_rn(total, s);
+        }
+        for (int o = 1; o < 8; o <<= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+        if (lane == 0 && b < blocks) {
+            block_weight[b] = total;
+            block_last[b] = last;
+        }
+    }
+    __syncthreads();
+    if (tid != 0) return;
+    // The host's walk: the block, then the token in it; rounding that leaves the sums a hair
+    // short of the target gives the last token with weight.
+    float total = 0.f;
+    for (int b = 0; b < blocks; b++) total = __fadd_rn(total, block_weight[b]);
+    float target = __fmul_rn(u, total);
+    int last_kept = 0;
+    for (int b = 0; b < blocks; b++) {
+        const float sum = block_weight[b];
+        if (sum <= 0.f) continue;
+        if (target >= sum) {
+            target = __fsub_rn(target, sum);
+            last_kept = block_last[b];
+            continue;
+        }
+        const int start = b * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
+        for (int c = start; c < end; c++) {
+            const float w = WEIGHT(row[c]);
+            if (w > 0.f) {
+                last_kept = c;
+                if (target < w) {
+                    ids[blockIdx.x] = c;
+                    return;
+                }
+                target = __fsub_rn(target, w);
+            }
+        }
+    }
+#undef WEIGHT
+    ids[blockIdx.x] = last_kept;
 }

@@ -7,12 +7,13 @@
 //! and transformers in bf16 do).
 
 use super::device::{cuda, Arg, DevBuf, Elem, Gpu, GpuError, Graph, Matrix};
-use crate::arch::{BatchToken, Output};
+use crate::arch::{BatchToken, Output, Picked};
 use crate::checkpoint::{Checkpoint, CheckpointError, DType};
 use crate::config::{Activation, Arch, LayerAttention, ModelConfig};
 use crate::kv_cache::{BlockTable, Shape, BLOCK_TOKENS};
 use crate::rope::{Rope, RopeScaling};
 use llmr_engine_sdk::Logger;
+use llmr_sampling::DevicePick;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,7 +117,9 @@ struct StepBuffers {
     cast: DevBuf,
     last: DevBuf,
     out: DevBuf,
-    /// The most likely id of each output row, when the step picks them on the device.
+    /// What `pick_rows` does with each output row ([`PICK_FLOATS`] f32 each), and the ids it
+    /// picked, when the step picks them on the device.
+    picks: DevBuf,
     picked: DevBuf,
 }
 
@@ -169,9 +172,10 @@ enum Want {
     Logits,
     /// Final hidden states (embeddings).
     Hidden,
-    /// The most likely id of each row (greedy decoding): the host reads 4 bytes a row, not the
+    /// The ids `pick_rows` picks (the most likely, or a temperature draw), and the logits of
+    /// the rows it leaves to the host: the host reads 4 bytes a picked row, not the
     /// vocabulary's logits (1 MiB a row for Gemma 3's 262,144 ids).
-    Argmax,
+    Pick,
 }
 
 /// Decoding steps of at most this many sequences are captured as graphs; larger ones spend
@@ -310,6 +314,7 @@ impl CudaModel {
             cast: f32s(tokens * widest)?,
             last: f32s(tokens * c.hidden)?,
             out: f32s(out_rows * c.vocab.max(c.hidden))?,
+            picks: f32s(out_rows * PICK_FLOATS)?,
             picked: f32s(out_rows)?,
         });
         Ok(true)
@@ -368,7 +373,7 @@ impl CudaModel {
     /// device blocks that `tables` name.
     pub fn forward(&self, tables: &[&BlockTable], batch: &[BatchToken], output: Output) -> Result<Vec<f32>, GpuError> {
         let want = if output == Output::Hidden { Want::Hidden } else { Want::Logits };
-        self.step(tables, batch, want, |b, shape| {
+        self.step(tables, batch, (want, &[]), |b, shape| {
             let width = if shape.want == Want::Hidden { self.config.hidden } else { self.config.vocab };
             let mut host = vec![0f32; shape.rows * width];
             if !host.is_empty() {
@@ -378,15 +383,48 @@ impl CudaModel {
         })
     }
 
-    /// As [`CudaModel::forward`] with logits, but returns the most likely id of each output row,
-    /// picked on the device (greedy decoding).
-    pub fn argmax(&self, tables: &[&BlockTable], batch: &[BatchToken]) -> Result<Vec<u32>, GpuError> {
-        self.step(tables, batch, Want::Argmax, |b, shape| {
+    /// Whether `pick_rows` can draw from this model's rows (its block sums fit the vocabulary).
+    pub fn draws(&self) -> bool {
+        self.config.vocab <= DRAW_MAX_VOCAB
+    }
+
+    /// As [`CudaModel::forward`] with logits, but each output row's id is picked on the device
+    /// as `picks` (one per row) says; a row without a pick comes back as its logits.
+    pub fn pick(
+        &self,
+        tables: &[&BlockTable],
+        batch: &[BatchToken],
+        picks: &[Option<DevicePick>],
+    ) -> Result<Vec<Picked>, GpuError> {
+        let vocab = self.config.vocab;
+        assert_eq!(batch.iter().filter(|t| t.logits).count(), picks.len(), "one pick per output row");
+        let mut spec = Vec::with_capacity(picks.len() * PICK_FLOATS);
+        for p in picks {
+            spec.extend_from_slice(&match p {
+                Some(DevicePick::Argmax) => [PICK_ARGMAX, 0.0, 0.0, 0.0, 0.0],
+                Some(DevicePick::Draw(d)) => {
+                    assert!(self.draws(), "a draw over {vocab} ids");
+                    [PICK_DRAW, d.u, d.inv_temperature, d.min_logit_gap, d.top_p]
+                }
+                None => [PICK_NONE, 0.0, 0.0, 0.0, 0.0],
+            });
+        }
+        self.step(tables, batch, (Want::Pick, &spec), |b, shape| {
             let mut ids = vec![0i32; shape.rows];
             if !ids.is_empty() {
                 self.gpu.read(&b.picked, &mut ids)?;
             }
-            Ok(ids.into_iter().map(|id| id as u32).collect())
+            let mut out = Vec::with_capacity(ids.len());
+            for (row, id) in ids.into_iter().enumerate() {
+                out.push(if picks[row].is_some() {
+                    Picked::Id(id as u32)
+                } else {
+                    let mut logits = vec![0f32; vocab];
+                    self.gpu.read_at(&b.out, row * vocab, &mut logits)?;
+                    Picked::Logits(logits)
+                });
+            }
+            Ok(out)
         })
     }
 
@@ -397,7 +435,7 @@ impl CudaModel {
         &self,
         tables: &[&BlockTable],
         batch: &[BatchToken],
-        want: Want,
+        (want, picks): (Want, &[f32]),
         read: impl FnOnce(&StepBuffers, &StepShape) -> Result<T, GpuError>,
     ) -> Result<T, GpuError> {
         let g = &self.gpu;
@@ -428,6 +466,7 @@ impl CudaModel {
         for (buf, v) in [(&b.ids, &ids), (&b.pos, &pos), (&b.seq, &seq), (&b.rows, &rows), (&b.tables, &flat)] {
             g.write(buf, v)?;
         }
+        g.write(&b.picks, picks)?;
         let m = rows.len();
         let shape = StepShape { tokens: n, stride, rows: m, want };
         // Decoding steps (every token wants its logits) repeat their shape step after step;
@@ -586,12 +625,12 @@ impl CudaModel {
                 let total = m * c.vocab;
                 g.launch_flat(&k.softcap, total, &[Arg::Ptr(b.out.ptr), Arg::F32(cap), Arg::U64(total as u64)])?;
             }
-            if shape.want == Want::Argmax {
+            if shape.want == Want::Pick {
                 g.launch(
-                    &k.argmax_rows,
+                    &k.pick_rows,
                     (m as u32, 1),
                     1024,
-                    &[Arg::Ptr(b.out.ptr), Arg::I32(c.vocab as i32), Arg::Ptr(b.picked.ptr)],
+                    &[Arg::Ptr(b.out.ptr), Arg::I32(c.vocab as i32), Arg::Ptr(b.picks.ptr), Arg::Ptr(b.picked.ptr)],
                 )?;
             }
         }
@@ -612,6 +651,14 @@ impl CudaModel {
 }
 
 const _: () = assert!(BLOCK_TOKENS == 16, "kernels.cu assumes 16-token blocks");
+
+/// `pick_rows`'s row modes and floats per row (kernels.cu).
+const PICK_ARGMAX: f32 = 0.0;
+const PICK_DRAW: f32 = 1.0;
+const PICK_NONE: f32 = 2.0;
+const PICK_FLOATS: usize = 5;
+/// `DRAW_BLOCKS` x `DRAW_BLOCK` (kernels.cu).
+const DRAW_MAX_VOCAB: usize = 1024 * 512;
 
 /// `ATT_WARPS` (kernels.cu) warps per attention block.
 const ATTENTION_THREADS: u32 = 4 * 32;

@@ -6,12 +6,13 @@ use crate::goldens::{check_model, ids};
 use crate::random_checkpoint::{golden_checkpoint_in_temp, golden_names, load_golden};
 use crate::support::{cached_model, cuda_plugin};
 use llmr_engine_host::{EngineInstance, InferParams, InstanceConfig, Sampling};
-use llmr_native_engine::arch::{BatchToken, Model, Scratch};
+use llmr_native_engine::arch::{BatchToken, Model, Picked, Scratch};
 use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
 use llmr_native_engine::cuda::{CudaModel, LoadError};
 use llmr_native_engine::kv_cache::{BlockTable, KvPool, Shape};
 use llmr_native_engine::tokenizer::ModelTokenizer;
+use llmr_sampling::{DevicePick, TemperatureSampler};
 use std::path::Path;
 
 /// The inputs of the GPU's matrix products are rounded to the weights' bf16 (cuBLAS multiplies
@@ -52,46 +53,150 @@ fn every_dense_golden_matches_transformers_on_the_gpu() {
     );
 }
 
-/// Greedy steps take their ids from the device (`CudaModel::argmax`): the same ids the host
-/// picks from the same step's logits, for a prompt (every row) and for decoding steps replayed
-/// as graphs, Gemma's soft-capping included.
+/// The picks a test asks for, cycling: greedy, temperature draws with and without top-p and
+/// min-p (llmr_sampling's settings, their random numbers from a seeded generator), and a row
+/// left to the host.
+fn pick_for(k: usize, seed: u64) -> Option<DevicePick> {
+    let draw = |t: f32, top_p: f32, min_p: f32| {
+        Some(DevicePick::Draw(TemperatureSampler::new(t, top_p, min_p, seed).next_draw()))
+    };
+    match k % 7 {
+        0 => Some(DevicePick::Argmax),
+        1 => draw(1.0, 1.0, 0.0),
+        2 => draw(0.7, 0.9, 0.0),
+        3 => draw(1.3, 1.0, 0.05),
+        4 => draw(1.0, 0.5, 0.0),
+        5 => draw(0.4, 0.95, 0.02),
+        _ => None,
+    }
+}
+
+/// Steps whose ids the device picks (`Model::pick`) against the host's picks from the same
+/// step's logits: one sequence read as logits, one as picks, over the same tokens (a prompt
+/// chunk, then decoding steps replayed as graphs, each repeated with new picks). Every pick
+/// must be the host's (the device computes the host's top-p cut, weights and sums to the bit),
+/// and rows without a pick come back as the same logits.
+fn device_picks_match_the_host(dir: &Path, tokens: &[u32], repeats: usize) {
+    let config = ModelConfig::read(&dir.join("config.json")).unwrap();
+    let checkpoint = Checkpoint::open(&crate::support::primary(dir)).unwrap();
+    let n = tokens.len();
+    let (gpu, mut pool) = on_gpu(&config, &checkpoint, 2 * n.div_ceil(16) + 2).unwrap();
+    let mut tables = vec![BlockTable::default(), BlockTable::default()];
+    for t in &mut tables {
+        pool.reserve(t, n).unwrap();
+    }
+    let batch = |seq: usize, start: usize, end: usize| -> Vec<BatchToken> {
+        (start..end).map(|pos| BatchToken { token: tokens[pos], seq, pos, logits: true }).collect()
+    };
+    let mut runs = vec![(0, n / 2)];
+    runs.extend((n / 2..n).map(|p| (p, p + 1)));
+    // Draws without top-p and with it: (agreeing with the host, all).
+    let (mut plain, mut nucleus) = ((0, 0), (0, 0));
+    let (mut greedy, mut rows_back, mut k) = (0, 0, 0);
+    for (start, end) in runs {
+        for t in &mut tables {
+            t.len = end;
+        }
+        let refs: Vec<&BlockTable> = tables.iter().collect();
+        let logits = gpu.forward(&mut pool, &refs, &batch(0, start, end), &mut Scratch::default()).unwrap();
+        for _ in 0..repeats {
+            let picks: Vec<Option<DevicePick>> = (start..end).map(|_| (pick_for(k, k as u64), k += 1).0).collect();
+            let got = gpu.pick(&refs, &batch(1, start, end), &picks).expect("a GPU model picks ids").unwrap();
+            assert_eq!(got.len(), picks.len());
+            for ((row, pick), got) in logits.chunks_exact(config.vocab).zip(&picks).zip(got) {
+                match (pick, got) {
+                    (Some(DevicePick::Argmax), Picked::Id(id)) => {
+                        assert_eq!(id as usize, llmr_sampling::argmax(row), "greedy, positions {start}..{end}");
+                        greedy += 1;
+                    }
+                    (Some(DevicePick::Draw(d)), Picked::Id(id)) => {
+                        assert!((id as usize) < config.vocab && row[id as usize].is_finite(), "drew {id}");
+                        let host = d.choose(row);
+                        if host != id as usize {
+                            eprintln!("{}: {d:?}: the device drew {id}, the host {host}", dir.display());
+                        }
+                        let tally = if d.top_p < 1.0 { &mut nucleus } else { &mut plain };
+                        *tally = (tally.0 + (host == id as usize) as usize, tally.1 + 1);
+                    }
+                    (None, Picked::Logits(l)) => {
+                        assert_eq!(l, row, "a row left to the host comes back as its logits");
+                        rows_back += 1;
+                    }
+                    (pick, got) => panic!("{pick:?} came back as {got:?}"),
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{}: draws as the host draws: {}/{} without top-p, {}/{} with it; {greedy} greedy, {rows_back} rows of logits",
+        dir.display(),
+        plain.0,
+        plain.1,
+        nucleus.0,
+        nucleus.1
+    );
+    assert!(plain.1 > 0 && nucleus.1 > 0 && greedy > 0 && rows_back > 0);
+    assert_eq!(plain.0, plain.1, "draws without top-p agree with the host's");
+    assert_eq!(nucleus.0, nucleus.1, "draws with top-p agree with the host's");
+    let Model::Cuda(m) = &gpu else { unreachable!() };
+    assert!(m.captured_steps() > 0, "decoding steps were not captured as CUDA graphs");
+}
+
 #[test]
 fn the_gpu_picks_the_ids_the_host_picks_from_its_logits() {
     for name in ["llama", "gemma3_text_softcap_linear"] {
         let golden = load_golden(name);
         let dir = golden_checkpoint_in_temp(name);
-        let config = ModelConfig::read(&dir.join("config.json")).unwrap();
-        let checkpoint = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
-        let (gpu, mut pool) = on_gpu(&config, &checkpoint, 64).unwrap();
-        let input = ids(&golden["input_ids"]);
-        let n = input.len();
-        // Two sequences over the same tokens: one read as logits, one as ids.
-        let mut tables = vec![BlockTable::default(), BlockTable::default()];
-        for t in &mut tables {
-            pool.reserve(t, n).unwrap();
-        }
-        let batch = |seq: usize, start: usize, end: usize| -> Vec<BatchToken> {
-            (start..end).map(|pos| BatchToken { token: input[pos], seq, pos, logits: true }).collect()
-        };
-        let mut runs = vec![(0, n / 2)];
-        runs.extend((n / 2..n).map(|p| (p, p + 1)));
-        let mut picked = 0;
-        for (start, end) in runs {
-            for t in &mut tables {
-                t.len = end;
-            }
-            let refs: Vec<&BlockTable> = tables.iter().collect();
-            let logits = gpu.forward(&mut pool, &refs, &batch(0, start, end), &mut Scratch::default()).unwrap();
-            let want: Vec<u32> =
-                logits.chunks_exact(config.vocab).map(|row| llmr_sampling::argmax(row) as u32).collect();
-            let got = gpu.argmax(&refs, &batch(1, start, end)).expect("a GPU model picks ids").unwrap();
-            assert_eq!(got, want, "{name}: positions {start}..{end}");
-            picked += got.len();
-        }
-        assert_eq!(picked, n, "{name}");
-        let Model::Cuda(m) = &gpu else { unreachable!() };
-        assert!(m.captured_steps() > 0, "{name}: decoding steps were not captured as CUDA graphs");
+        device_picks_match_the_host(&dir, &ids(&golden["input_ids"]), 40);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The same over real vocabularies (49,152 and 262,144 ids), where each warp of the draw
+/// kernel walks many stretches of 32 ids.
+#[test]
+fn the_gpu_draws_what_the_host_draws_over_a_real_vocabulary() {
+    for name in ["smollm2-hf", "gemma3-hf"] {
+        let dir = cached_model(name);
+        let tokens: Vec<u32> = (0..40u32).map(|i| 100 + i * 37).collect();
+        device_picks_match_the_host(&dir, &tokens, 10);
+    }
+}
+
+/// Through the plugin on the GPU: a seeded sampled request gives the same tokens again, and the
+/// same tokens as when its logits come to the host (asking for logprobs keeps a request off the
+/// device's draw): a seed means the same answer whichever side draws.
+#[test]
+fn a_seeded_request_draws_the_same_tokens_on_the_gpu_as_on_the_host() {
+    let plugin = cuda_plugin();
+    let e = EngineInstance::create(&plugin, &InstanceConfig { slots: 2, context_length: 256, ..Default::default() })
+        .unwrap();
+    let dir = cached_model("smollm2-hf");
+    e.load_model(&crate::support::spec("smollm2", &dir)).unwrap();
+    let run = |top_p: f32, logprobs: Option<u32>| -> Vec<u32> {
+        let sampling = Sampling {
+            max_tokens: Some(48),
+            temperature: 0.9,
+            top_p,
+            seed: Some(1234),
+            logprobs,
+            ..Sampling::default()
+        };
+        let mut p = InferParams::new(1, "smollm2", "Once upon a time", sampling);
+        p.ignore_eos = true;
+        let mut got = Vec::new();
+        e.infer(&p, |t| {
+            got.push(t.token_id as u32);
+            true
+        })
+        .unwrap();
+        got
+    };
+    for top_p in [1.0, 0.9] {
+        let on_gpu = run(top_p, None);
+        assert_eq!(on_gpu.len(), 48);
+        assert_eq!(on_gpu, run(top_p, None), "top-p {top_p}: the same seed draws the same tokens on the GPU");
+        assert_eq!(on_gpu, run(top_p, Some(1)), "top-p {top_p}: the GPU's draws and the host's, from the same seed");
     }
 }
 
