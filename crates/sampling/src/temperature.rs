@@ -35,9 +35,10 @@ struct Scratch {
     weights: Vec<f32>,
     /// Sum of each `BLOCK` of weights, to find the drawn token fast.
     blocks: Vec<f32>,
-    /// Top-p: probabilities at temperature 1, their mass (in fixed point) per bucket, and the
-    /// tokens of the group where the cut falls (bucket, logit).
-    probs: Vec<f32>,
+    /// Top-p: each token's bucket and probability at temperature 1 in fixed point, their mass
+    /// per bucket, and the tokens of the group where the cut falls (bucket, logit).
+    fine: Vec<u32>,
+    fixed: Vec<u64>,
     mass: Vec<u64>,
     inside: Vec<(u32, f32)>,
 }
@@ -73,11 +74,14 @@ fn fine_bucket(below_best: f32) -> u32 {
     (below_best * FINE_PER_LOGIT).min(FINE_LAST as f32) as u32
 }
 
-/// A probability in fixed point (`FIXED_ONE` for 1).
+/// A probability in fixed point (`FIXED_ONE` for 1), truncated, in arithmetic that vectorizes:
+/// the product is an integer below 2^52 once floored in f64, and adding 2^52 puts that integer
+/// in the low bits of the f64 (AVX2 has no f32 or f64 to 64-bit integer conversion).
 #[inline(always)]
 fn fixed(prob: f32) -> u64 {
-    // Through i64, one instruction on x86-64 (the product is at most 2^40).
-    (prob * FIXED_ONE) as i64 as u64
+    const TWO_52: f64 = 4_503_599_627_370_496.0;
+    let v = (f64::from(prob) * f64::from(FIXED_ONE)).floor();
+    (v + TWO_52).to_bits() - TWO_52.to_bits()
 }
 
 /// The first bucket of `hist` where the running sum from `before` reaches `wanted` (the last
@@ -99,29 +103,29 @@ fn crossing(hist: &[u64], wanted: u64, mut before: u64) -> (usize, u64) {
 /// histogram, by group, then by bucket in the group where the mass reaches `p`, not by a sort.
 #[inline(always)]
 fn top_p_gap(logits: &[f32], max: f32, p: f32, scratch: &mut Scratch) -> f32 {
-    // One pass of plain arithmetic that vectorizes, then the histogram by group.
-    scratch.probs.clear();
-    scratch.probs.extend(logits.iter().map(|&l| exp_nonpositive(l - max)));
+    // Each token's bucket and fixed-point probability in plain arithmetic that vectorizes, then
+    // the histogram by group (the one scalar pass).
+    scratch.fine.clear();
+    scratch.fine.extend(logits.iter().map(|&l| fine_bucket(max - l)));
+    scratch.fixed.clear();
+    scratch.fixed.extend(logits.iter().map(|&l| fixed(exp_nonpositive(l - max))));
     let hist = &mut scratch.mass;
     hist.clear();
     hist.resize(GROUP, 0);
-    let mut total = 0u64;
-    for (&l, &e) in logits.iter().zip(&scratch.probs) {
-        // Adding the 0 of a far-down token changes nothing: no branch.
-        let q = fixed(e);
-        hist[(fine_bucket(max - l) >> GROUP_BITS) as usize] += q;
-        total += q;
+    // Adding the 0 of a far-down token changes nothing: no branch.
+    for (&fine, &q) in scratch.fine.iter().zip(&scratch.fixed) {
+        hist[(fine >> GROUP_BITS) as usize] += q;
     }
+    let total: u64 = scratch.fixed.iter().sum();
     let wanted = (total as f64 * f64::from(p)) as u64;
     let (group, before) = crossing(hist, wanted, 0);
     // The group's tokens, then the bucket in it where the mass reaches `wanted`.
     scratch.inside.clear();
     hist.clear();
     hist.resize(GROUP, 0);
-    for (&l, &e) in logits.iter().zip(&scratch.probs) {
-        let fine = fine_bucket(max - l);
-        if (fine >> GROUP_BITS) as usize == group && fixed(e) != 0 {
-            hist[fine as usize & (GROUP - 1)] += fixed(e);
+    for ((&fine, &q), &l) in scratch.fine.iter().zip(&scratch.fixed).zip(logits) {
+        if (fine >> GROUP_BITS) as usize == group && q != 0 {
+            hist[fine as usize & (GROUP - 1)] += q;
             scratch.inside.push((fine, l));
         }
     }
@@ -372,6 +376,15 @@ mod tests {
             let kept = logits.iter().filter(|&&l| l - max >= gap).count();
             let kept_expected = logits.iter().filter(|&&l| l - max >= expected).count();
             assert!(kept.abs_diff(kept_expected) <= 1, "case {case}: kept {kept}, a sort keeps {kept_expected}");
+        }
+    }
+
+    #[test]
+    fn fixed_point_probabilities_are_the_truncated_products() {
+        // The GPU kernel truncates e * 2^40 to an integer; the vectorized conversion must agree.
+        let mut rng = fastrand::Rng::with_seed(8);
+        for e in (0..100_000).map(|_| exp_nonpositive(-rng.f32() * 90.0)).chain([0.0, 1.0, 1e-12, 0.5]) {
+            assert_eq!(fixed(e), (f64::from(e) * f64::from(FIXED_ONE)) as u64, "{e}");
         }
     }
 
