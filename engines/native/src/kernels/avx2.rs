@@ -120,7 +120,12 @@ fn prefetch_next_tile<W>(wp: *const W, k: usize, i: usize) {
     }
 }
 
-/// Dot products of `x` with the four rows `w[0..k]`, `w[k..2k]`, `w[2k..3k]`, `w[3k..4k]`.
+/// Dot products of `x` with the four rows `w[0..k]`, `w[k..2k]`, `w[2k..3k]`, `w[3k..4k]`, one
+/// row after the other: each thread then reads its weights as one stream in address order,
+/// which the hardware prefetcher follows, where four rows read side by side were four streams
+/// 2*k bytes apart (single-sequence decode went from 46-48 to 56-62 tok/s on SmolLM2 and from
+/// 22-25 to 29-32 on Gemma 3, 2 threads; each row still adds in the same order as the
+/// batched kernels, so results stay batch-invariant).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `w` must hold `4 * x.len()` values.
@@ -131,20 +136,20 @@ pub unsafe fn dot4<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
     let main = k / 8 * 8;
     let (xp, wp) = (x.as_ptr(), w.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i < main {
-        // SAFETY: i + 8 <= main <= k, and every row has k values (asserted above). Prefetching
-        // an address past the slice is allowed (it never faults).
-        unsafe {
-            if i % 32 == 0 {
-                prefetch_next_tile(wp, k, i);
+    for (r, a) in acc.iter_mut().enumerate() {
+        let row = wp.wrapping_add(r * k);
+        let mut i = 0;
+        while i < main {
+            // SAFETY: i + 8 <= main <= k, and every row has k values (asserted above).
+            // Prefetching an address past the slice is allowed (it never faults).
+            unsafe {
+                if i % 32 == 0 {
+                    _mm_prefetch(row.wrapping_add(4 * k + i) as *const i8, _MM_HINT_T0);
+                }
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), W::load8(row.add(i)), *a);
             }
-            let xv = _mm256_loadu_ps(xp.add(i));
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(xv, W::load8(wp.add(r * k + i)), *a);
-            }
+            i += 8;
         }
-        i += 8;
     }
     // SAFETY: register-only.
     let mut out = acc.map(|a| unsafe { hsum(a) });
