@@ -2,13 +2,15 @@
 //! int4, L3 evicted. Keys are quantized per channel over the block's 16 positions and values
 //! per position (the KIVI layout: key outliers sit in fixed channels, value outliers in
 //! tokens), with f16 scales. Bits per element, scales included, at head_dim 64: f16 16, int8
-//! 8.625 (keys 9, values 8.25), int4 5.5 (keys 6, values 5: groups of 32 channels).
+//! 8.625 (keys 9, values 8.25), int4 5.5 (keys 6, values 5: groups of 32 channels). Int8 codes
+//! are laid out in pairs for the integer kernels (`kernels/attention_int8.rs`): keys as channel
+//! pairs over the rows, values as row pairs over the channels.
 //!
 //! A level change rewrites one block from its f16 form; going back up is not exact (the
 //! values were rounded), so promotion needs the block's f16 copy or a recomputation, which
 //! the caller owns.
 
-use crate::kernels::{widen_f16, widen_i8};
+use crate::kernels::widen_f16;
 use crate::kv_cache::BLOCK_TOKENS;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -19,16 +21,19 @@ pub use llmr_kv_policy::Level;
 const V_GROUP: usize = 32;
 
 /// One layer's keys and values for one block; each array is laid out
-/// `[kv_heads][BLOCK_TOKENS][head_dim]`, scales as their comments say.
+/// `[kv_heads][BLOCK_TOKENS][head_dim]` (int8 codes: their pairs within a head), scales as
+/// their comments say.
 pub enum LayerBlock {
     F16 {
         k: Box<[f16]>,
         v: Box<[f16]>,
     },
     Int8 {
+        /// `[kv_heads][head_dim / 2][BLOCK_TOKENS][2]`: channel pairs ([`key8_at`]).
         k: Box<[i8]>,
         /// Per channel: `[kv_heads][head_dim]`; a key is `k * scale`.
         k_scale: Box<[f16]>,
+        /// `[kv_heads][BLOCK_TOKENS / 2][head_dim][2]`: row pairs ([`value8_at`]).
         v: Box<[i8]>,
         /// Per position: `[kv_heads][BLOCK_TOKENS]`.
         v_scale: Box<[f16]>,
@@ -140,6 +145,7 @@ impl LayerBlock {
             Level::F16 => None,
             Level::Evicted => Some(LayerBlock::Evicted),
             Level::Int8 => {
+                assert!(hd.is_multiple_of(2), "int8 codes are stored in pairs of channels");
                 let (mut kq, mut k_scale) = (vec![0i8; k.len()], vec![f16::ZERO; kv_heads * hd]);
                 let (mut vq, mut v_scale) = (vec![0i8; v.len()], vec![f16::ZERO; kv_heads * BLOCK_TOKENS]);
                 for h in 0..kv_heads {
@@ -149,15 +155,15 @@ impl LayerBlock {
                         let s = f16::from_f32(max / 127.0);
                         k_scale[h * hd + c] = s;
                         for t in 0..BLOCK_TOKENS {
-                            kq[base + t * hd + c] = q8(k[base + t * hd + c], s.to_f32());
+                            kq[base + key8_at(t, c)] = q8(k[base + t * hd + c], s.to_f32());
                         }
                     }
                     for t in 0..BLOCK_TOKENS {
                         let row = &v[base + t * hd..][..hd];
                         let s = f16::from_f32(row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
                         v_scale[h * BLOCK_TOKENS + t] = s;
-                        for (d, x) in vq[base + t * hd..][..hd].iter_mut().zip(row) {
-                            *d = q8(*x, s.to_f32());
+                        for (c, x) in row.iter().enumerate() {
+                            vq[base + value8_at(t, c, hd)] = q8(*x, s.to_f32());
                         }
                     }
                 }
@@ -254,7 +260,12 @@ impl LayerBlock {
                 // The per-channel scales widened once for the block's rows.
                 let mut scale = [0f32; MAX_HEAD_DIM];
                 let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
-                widen_i8(&k[range], scale, false, hd, out);
+                let codes = &k[base..][..BLOCK_TOKENS * hd];
+                for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
+                    for (c, (o, s)) in row.iter_mut().zip(scale).enumerate() {
+                        *o = codes[key8_at(t, c)] as f32 * s;
+                    }
+                }
             }
             LayerBlock::Int4 { k, k_scale, k_min, .. } => {
                 let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
@@ -284,10 +295,13 @@ impl LayerBlock {
         match self {
             LayerBlock::F16 { v, .. } => widen_f16(&v[range], out),
             LayerBlock::Int8 { v, v_scale, .. } => {
-                let mut scale = [0f32; BLOCK_TOKENS];
-                let scale = &mut scale[..to - from];
-                widen_f16(&v_scale[kv * BLOCK_TOKENS + from..kv * BLOCK_TOKENS + to], scale);
-                widen_i8(&v[range], scale, true, hd, out);
+                let codes = &v[base..][..BLOCK_TOKENS * hd];
+                for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
+                    let s = v_scale[kv * BLOCK_TOKENS + t].to_f32();
+                    for (c, o) in row.iter_mut().enumerate() {
+                        *o = codes[value8_at(t, c, hd)] as f32 * s;
+                    }
+                }
             }
             LayerBlock::Int4 { v, v_scale, v_min, .. } => {
                 let groups = hd.div_ceil(V_GROUP);
@@ -330,7 +344,8 @@ pub enum RowData<'a> {
     /// A block widened to f32 (codes stay unscaled: exact).
     F32(&'a [f32]),
     F16(&'a [f16]),
-    /// Int8 codes, in place.
+    /// Int8 codes, in place, in pairs: keys' channel pairs ([`key8_at`]) or values' row pairs
+    /// ([`value8_at`]); read only by the integer kernels.
     I8(&'a [i8]),
     /// Int4 codes, in place: two a byte, channel `2i` in the low nibble of byte `i`.
     U4(&'a [u8]),
@@ -350,6 +365,20 @@ impl BlockRows<'_> {
 
 /// The largest head_dim the quantized readers take (Gemma 3's is 256).
 const MAX_HEAD_DIM: usize = 512;
+
+/// Where int8 key code (row `t`, channel `c`) lies in its KV head's block: channel pairs over
+/// the rows, `[head_dim / 2][BLOCK_TOKENS][2]`, so that one pair multiply-add sums two channels
+/// of one row and a register's lanes are eight rows.
+pub(crate) fn key8_at(t: usize, c: usize) -> usize {
+    ((c / 2) * BLOCK_TOKENS + t) * 2 + c % 2
+}
+
+/// Where int8 value code (row `t`, channel `c`) lies: row pairs over the channels,
+/// `[BLOCK_TOKENS / 2][head_dim][2]`, so that one pair multiply-add sums two rows of one
+/// channel and a register's lanes are eight channels.
+pub(crate) fn value8_at(t: usize, c: usize, hd: usize) -> usize {
+    ((t / 2) * hd + c) * 2 + t % 2
+}
 
 /// `xs` as f32 in the front of `buf`.
 fn widen<'a>(xs: &[f16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {

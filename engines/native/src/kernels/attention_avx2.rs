@@ -1,7 +1,8 @@
 //! AVX2 + FMA kernels of attention over one block of the KV cache: the scores of a group of
 //! query heads against the block's keys, their weighted sums of its values, and the softmax
 //! between. They read a block where it lies, f16 values or int8 and int4 codes widened in
-//! registers (`BlockRows`), so a decoding token's tile makes no f32 copy of the block; the
+//! registers (`BlockRows`; int8 blocks go to the integer kernels of `attention_int8.rs`), so a
+//! decoding token's tile makes no f32 copy of the block; the
 //! query heads that share a KV head (grouped query attention) are taken together, so each
 //! value is widened once for all of them. Codes' scales are folded into the queries (keys: per
 //! channel) or the weights (values: per row and group), and their minimums into one term per
@@ -11,6 +12,7 @@
 //! give the same bits as the same rows widened to f32 first, and a sequence's logits do not
 //! depend on how its tiles were formed.
 
+use super::attention_int8::{int8_dots, int8_weighted_sum};
 use super::avx2::{hsum, widen_f16};
 use crate::kv_levels::{BlockRows, RowData};
 use std::arch::x86_64::*;
@@ -46,20 +48,6 @@ impl Load8 for F16Rows {
     }
 }
 
-/// Int8 codes as they are: their scales are folded into the queries or the weights.
-#[derive(Clone, Copy)]
-struct I8Rows(*const i8, usize);
-
-impl Load8 for I8Rows {
-    #[inline(always)]
-    unsafe fn load8(self, r: usize, c: usize) -> __m256 {
-        // SAFETY: as above.
-        unsafe {
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(self.0.add(r * self.1 + c) as *const __m128i)))
-        }
-    }
-}
-
 /// Int4 codes as they are (two a byte, the even channel in the low nibble).
 #[derive(Clone, Copy)]
 struct U4Rows(*const u8, usize);
@@ -91,10 +79,7 @@ macro_rules! each_source {
                 let $src = F16Rows(x.as_ptr(), $hd);
                 $call
             }
-            RowData::I8(x) => {
-                let $src = I8Rows(x.as_ptr(), $hd);
-                $call
-            }
+            RowData::I8(_) => unreachable!("int8 blocks take the integer kernels"),
             RowData::U4(x) => {
                 let $src = U4Rows(x.as_ptr(), $hd);
                 $call
@@ -148,6 +133,10 @@ pub unsafe fn attention_dots(
     stride: usize,
     fold: &mut Vec<f32>,
 ) {
+    if let (RowData::I8(codes), Some(channel_scale)) = (rows.data, rows.scale) {
+        // SAFETY: the caller's CPU has AVX2, FMA and F16C.
+        return unsafe { int8_dots(codes, channel_scale, (a, b), hd, q, heads, scale, out, stride, fold) };
+    }
     assert!(hd.is_multiple_of(8) && a <= b && b <= rows.rows(hd) && q.len() >= heads * hd);
     assert!(heads == 0 || out.len() >= (heads - 1) * stride + (b - a));
     // fold: the scaled queries, then one minimum term per head.
@@ -269,6 +258,10 @@ pub unsafe fn attention_weighted_sum(
     out: &mut [f32],
     fold: &mut Vec<f32>,
 ) {
+    if let (RowData::I8(codes), Some(row_scale)) = (rows.data, rows.scale) {
+        // SAFETY: the caller's CPU has AVX2, FMA and F16C.
+        return unsafe { int8_weighted_sum(codes, row_scale, (a, b), hd, weights, stride, heads, out, fold) };
+    }
     assert!(hd.is_multiple_of(8) && a <= b && b <= rows.rows(hd) && out.len() >= heads * hd);
     assert!(heads == 0 || weights.len() >= (heads - 1) * stride + (b - a));
     // A 16- or 8-channel step of the kernel lies in one group.

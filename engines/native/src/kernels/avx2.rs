@@ -71,32 +71,6 @@ pub unsafe fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
     }
 }
 
-/// Rows of int8 codes (rows of `scale.len()`, a multiple of 8) as f32 into `out`: code times
-/// its channel's scale (`per_row` false), or times the row's one scale (`per_row` true:
-/// `scale` then holds one per row).
-///
-/// # Safety
-/// The CPU must have AVX2.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn widen_i8(src: &[i8], scale: &[f32], per_row: bool, hd: usize, out: &mut [f32]) {
-    assert!(hd.is_multiple_of(8) && src.len() == out.len() && src.len().is_multiple_of(hd));
-    assert!(scale.len() == if per_row { src.len() / hd } else { hd });
-    let (sp, op) = (src.as_ptr(), out.as_mut_ptr());
-    // SAFETY (every access below): r * hd + c + 8 <= src.len() == out.len(), and the scale
-    // read is inside `scale` by the asserts above.
-    unsafe {
-        for r in 0..src.len() / hd {
-            let row_scale = _mm256_set1_ps(if per_row { scale[r] } else { 0.0 });
-            for c in (0..hd).step_by(8) {
-                let codes = _mm_loadl_epi64(sp.add(r * hd + c) as *const __m128i);
-                let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
-                let s = if per_row { row_scale } else { _mm256_loadu_ps(scale.as_ptr().add(c)) };
-                _mm256_storeu_ps(op.add(r * hd + c), _mm256_mul_ps(x, s));
-            }
-        }
-    }
-}
-
 /// The sum of the eight lanes of `v`.
 #[inline(always)]
 pub(super) unsafe fn hsum(v: __m256) -> f32 {

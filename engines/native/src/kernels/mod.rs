@@ -3,6 +3,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod attention_int8;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 pub mod linear;
 pub mod mxfp4;
@@ -53,20 +55,4 @@ pub(crate) fn widen_f16(src: &[half::f16], dst: &mut [f32]) {
         return unsafe { avx2::widen_f16(src, dst) };
     }
     half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
-}
-
-/// Rows of int8 codes as f32 into `out` (the KV cache's int8 blocks): each code times its
-/// channel's scale (`per_row` false: `scale` holds one per channel, `hd` of them) or its row's
-/// (`per_row` true: one per row). AVX2 where the CPU has it: eight codes a register.
-pub(crate) fn widen_i8(src: &[i8], scale: &[f32], per_row: bool, hd: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd() && hd.is_multiple_of(8) {
-        // SAFETY: simd() found AVX2, FMA and F16C on this CPU.
-        return unsafe { avx2::widen_i8(src, scale, per_row, hd, out) };
-    }
-    for (r, (row, q)) in out.chunks_exact_mut(hd).zip(src.chunks_exact(hd)).enumerate() {
-        for (c, (o, &q)) in row.iter_mut().zip(q).enumerate() {
-            *o = q as f32 * if per_row { scale[r] } else { scale[c] };
-        }
-    }
 }
