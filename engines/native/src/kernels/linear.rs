@@ -204,8 +204,15 @@ unsafe fn rows_simd<W: avx2::Weight>(
         t += 2;
     }
     if t < n {
-        // SAFETY: as above.
-        let d = unsafe { avx2::dot4(input(t), w) };
+        // SAFETY: as above. One input alone streams its weights; a batch's last one finds
+        // them in the cache.
+        let d = unsafe {
+            if t == 0 {
+                avx2::dot4(input(t), w)
+            } else {
+                avx2::dot4_side_by_side(input(t), w)
+            }
+        };
         for (i, v) in d.into_iter().enumerate() {
             put(t, i, v);
         }
@@ -360,6 +367,12 @@ mod tests {
             }
             if n < GEMM_MIN_ROWS {
                 assert_eq!(y[..rows], alone[..], "n {n}: the first input's outputs moved with the batch size");
+                // Every input, whichever kernel takes it (the last of a batch among them).
+                for t in 1..n {
+                    let mut one = Vec::new();
+                    l.forward(&x[t * cols..(t + 1) * cols], 1, &mut one);
+                    assert_eq!(y[t * rows..(t + 1) * rows], one[..], "n {n} t {t}: not the bits it gets alone");
+                }
             }
         }
     }
