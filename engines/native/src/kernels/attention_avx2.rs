@@ -1,12 +1,12 @@
 //! AVX2 + FMA kernels of attention over one block of the KV cache: the scores of a group of
 //! query heads against the block's keys, their weighted sums of its values, and the softmax
-//! between. They read a block where it lies, f16 values or int8 and int4 codes widened in
-//! registers (`BlockRows`; int8 blocks go to the integer kernels of `attention_int8.rs`), so a
-//! decoding token's tile makes no f32 copy of the block; the
-//! query heads that share a KV head (grouped query attention) are taken together, so each
-//! value is widened once for all of them. Codes' scales are folded into the queries (keys: per
-//! channel) or the weights (values: per row and group), and their minimums into one term per
-//! head: a row of codes costs about what an f16 row does and reads a half or a third the bytes.
+//! between. They read a block where it lies, f16 values or int4 codes widened in registers
+//! (`BlockRows`), so a decoding token's tile makes no f32 copy of the block; int8 blocks go to
+//! the integer kernels of `attention_int8.rs` instead. The query heads that share a KV head
+//! (grouped query attention) are taken together, so each value is widened once for all of them.
+//! Int4 codes' scales are folded into the queries (keys: per channel) or the weights (values:
+//! per row and group), and their minimums into one term per head: a row of codes costs about
+//! what an f16 row does and reads about a third of the bytes.
 //!
 //! Per query head, every sum runs in the same order whatever the source: rows read in place
 //! give the same bits as the same rows widened to f32 first, and a sequence's logits do not

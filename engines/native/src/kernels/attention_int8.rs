@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 /// The largest i16 multiplier. Codes are within +-127, so a head of up to `MAX_HEAD_DIM`
 /// channels sums to at most 512 * 127 * 32767 < 2^31: an i32 lane cannot overflow.
 const MULTIPLIER_MAX: f32 = 32767.0;
-pub(crate) const MAX_HEAD_DIM: usize = 512;
+const MAX_HEAD_DIM: usize = 512;
 
 /// For each of `heads` query heads `h` (rows of `hd` in `q`) and each row `s` in `a..b` of a
 /// block of int8 keys (`codes`, channel pairs; a key is `code * channel_scale[c]`):
