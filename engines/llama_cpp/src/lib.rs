@@ -26,7 +26,7 @@ use llmr_kv_policy::Level;
 use llmr_sampling::DraftSettings;
 use model::ModelMeta;
 use scheduler::{Command, Job, Stats};
-use settings::{Change, ContextSettings, KvType, StepSettings};
+use settings::{Change, ContextSettings, Eviction, KvType, PolicyChange, StepSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -58,6 +58,11 @@ struct LoadedModel {
     meta: ModelMeta,
     quantization: Option<String>,
     settings: Mutex<ContextSettings>,
+    /// Middle eviction (`settings::Eviction`): a request may then ask for more tokens than its
+    /// context has room for.
+    eviction: Mutex<Option<Eviction>>,
+    /// Whether llama.cpp can move this model's cached positions (`model::can_shift`).
+    shiftable: bool,
     /// None for encoder-only models, which cannot generate.
     scheduler: Mutex<Option<Worker<Command>>>,
     embedder: Mutex<Option<Worker<embed::EmbedJob>>>,
@@ -68,6 +73,11 @@ struct LoadedModel {
 }
 
 impl LoadedModel {
+    /// Whether middle chunks can leave this model's cache with `swa_full` as given.
+    fn can_evict(&self, swa_full: bool) -> bool {
+        model::evicts_middle(self.shiftable, model::sliding_window(&self.model), swa_full)
+    }
+
     /// A request's constraint compiled against the model's vocabulary. Either failing is
     /// UNSUPPORTED with the reason: the node answers 400 on the constraint's field.
     fn compile(&self, constraint: &Constraint) -> Result<TokenMask, EngineError> {
@@ -146,6 +156,7 @@ impl LlamaCppEngine {
         cancel: Arc<AtomicBool>,
     ) -> Result<InferOutcome, EngineError> {
         let ctx_per_seq = m.settings.lock().unwrap().ctx_per_seq as usize;
+        let evicts = m.eviction.lock().unwrap().is_some();
         let tokens = match req.prompt_tokens {
             Some(ids) => checked_token_ids(ids, m.meta.n_vocab.max(0) as usize, "prompt_tokens")?
                 .into_iter()
@@ -167,7 +178,8 @@ impl LlamaCppEngine {
         let (tx, rx) = mpsc::channel();
         let job = Job {
             request_id: req.request_id,
-            max_tokens: req.sampling.max_tokens.map_or(room, |m| m.min(room)),
+            // Past the context only when asked for, where middle chunks make room.
+            max_tokens: req.sampling.max_tokens.map_or(room, |m| if evicts { m } else { m.min(room) }),
             sampling: req.sampling.clone(),
             mask,
             ignore_eos: req.ignore_eos,
@@ -250,6 +262,7 @@ impl Engine for LlamaCppEngine {
                     draft_max,
                     draft_threshold,
                     ctx_checkpoints,
+                    eviction: None,
                 },
             }),
             models: RwLock::default(),
@@ -267,20 +280,25 @@ impl Engine for LlamaCppEngine {
         let defaults = *self.defaults.lock().unwrap();
         let requested_ctx = if desc.context_length > 0 { desc.context_length } else { self.config.context_length };
         let ctx_per_seq = if requested_ctx > 0 { requested_ctx } else { meta.train_ctx.min(DEFAULT_CTX_CAP) };
-        // A node-wide KV policy reaches every model: a static level sets the KV type; one this
-        // engine cannot run (dynamic levels) leaves the default and says so.
-        let policy_type = desc.options.get("kv_policy").and_then(|p| match KvType::of_policy(p) {
-            Ok(t) => Some(t),
+        // A node-wide KV policy reaches every model: a static level sets the KV type, a dynamic
+        // one middle eviction; one that does not parse leaves the defaults and says so.
+        let policy = desc.options.get("kv_policy").and_then(|p| match KvType::of_policy(p) {
+            Ok(change) => Some(change),
             Err(e) => {
                 self.config.logger.warn(&format!("{}: {}", desc.model_id, e.message));
                 None
             }
         });
+        let shiftable = model::can_shift(&model);
+        let mut step = defaults.step;
+        if let Some(p) = policy {
+            step.eviction = p.eviction;
+        }
         let settings = ContextSettings {
             slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
             ctx_per_seq: ctx_per_seq.max(16),
             threads: defaults.threads.unwrap_or_else(|| self.threads()),
-            kv_type: policy_type.or(defaults.kv_type).unwrap_or(KvType::F16),
+            kv_type: policy.and_then(|p| p.kv_type).or(defaults.kv_type).unwrap_or(KvType::F16),
             swa_full: defaults.swa_full,
         };
         let stats = Arc::new(Stats::default());
@@ -288,7 +306,6 @@ impl Engine for LlamaCppEngine {
             None
         } else {
             let (m, st, logger) = (model.clone(), stats.clone(), self.config.logger);
-            let step = defaults.step;
             Some(spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
                 scheduler::run(&m, settings, step, rx, st, logger, ready)
             })?)
@@ -309,6 +326,8 @@ impl Engine for LlamaCppEngine {
             meta,
             quantization: desc.quantization.clone(),
             settings: Mutex::new(settings),
+            eviction: Mutex::new(step.eviction),
+            shiftable,
             scheduler: Mutex::new(scheduler),
             embedder: Mutex::new(None),
             stats,
@@ -451,13 +470,17 @@ impl Engine for LlamaCppEngine {
                     "stream_runs_total": get(&s.stream_runs_total),
                     "kv_cells_used": get(&s.kv_cells_used),
                     "kv_cells_total": get(&s.kv_cells_total),
-                    // KV positions in use per level of the staged cache (spec 002): one type for all.
+                    // KV positions per level of the staged cache (spec 002): one type for all the
+                    // positions held, and L3 those running sequences evicted (middle chunks).
                     "kv_levels": {
                         "L0": if settings.kv_type.level() == Level::F16 { get(&s.kv_cells_used) } else { 0 },
                         "L1": if settings.kv_type.level() == Level::Int8 { get(&s.kv_cells_used) } else { 0 },
                         "L2": if settings.kv_type.level() == Level::Int4 { get(&s.kv_cells_used) } else { 0 },
-                        "L3": 0,
+                        "L3": get(&s.kv_evicted),
                     },
+                    "kv_eviction": m.eviction.lock().unwrap().map(|e| serde_json::json!({"sink_tokens": e.sinks, "recent_window": e.window})),
+                    "kv_shifts_total": get(&s.kv_shifts_total),
+                    "kv_evicted_total": get(&s.kv_evicted_total),
                     "prefix_cache_bytes": get(&s.prefix_cache_bytes),
                     "prefix_cache_entries": get(&s.prefix_cache_entries),
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
@@ -505,6 +528,10 @@ impl Engine for LlamaCppEngine {
                 let mut d = self.defaults.lock().unwrap();
                 match change {
                     Change::KvType(t) => d.kv_type = Some(t),
+                    Change::Policy(p) => {
+                        d.kv_type = p.kv_type.or(d.kv_type);
+                        d.step.eviction = p.eviction;
+                    }
                     Change::Threads(n) => d.threads = Some(n),
                     Change::PrefillChunk(n) => d.step.prefill_chunk = n,
                     Change::PrefillStall(s) => d.step.prefill_stall = s,
@@ -517,11 +544,24 @@ impl Engine for LlamaCppEngine {
                 self.models.read().unwrap().values().cloned().collect()
             }
         };
+        if let (Change::Policy(PolicyChange { eviction: Some(_), .. }), Some(id)) = (change, model_id) {
+            let m = self.model(id)?;
+            if !m.can_evict(m.settings.lock().unwrap().swa_full) {
+                return Err(EngineError::new(
+                    ErrorCode::Unsupported,
+                    format!("kv policy: llama.cpp cannot move the cached positions of '{id}' (a recurrent state, multi-axis positions, or a window-sized sliding cache: `swa_full: true` makes one full-size), so it cannot evict middle chunks; a static level works"),
+                ));
+            }
+        }
         for m in targets {
             {
                 let mut s = m.settings.lock().unwrap();
                 match change {
                     Change::KvType(t) => s.kv_type = t,
+                    Change::Policy(p) => {
+                        s.kv_type = p.kv_type.unwrap_or(s.kv_type);
+                        *m.eviction.lock().unwrap() = p.eviction;
+                    }
                     Change::Threads(n) => s.threads = n,
                     Change::SwaFull(b) => s.swa_full = b,
                     Change::PrefillChunk(_)

@@ -153,6 +153,42 @@ pub fn sliding_window(model: &LlamaModel) -> u32 {
     meta(model, &format!("{arch}.attention.sliding_window")).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// Architectures whose cache llama.cpp can shift (its `llama_memory_can_shift`, which the
+/// bindings do not expose, and a shift it cannot do aborts the process): the plain attention
+/// cache, or the sliding-window pair when full-size. Any other architecture (recurrent, hybrid,
+/// multi-axis positions, the compressed caches of the DeepSeek family) is left out.
+const SHIFTABLE: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen2moe",
+    "qwen3",
+    "qwen3moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "granite",
+    "olmo2",
+    "gpt-oss",
+    "smollm3",
+    "mistral3",
+    "starcoder2",
+    "stablelm",
+];
+
+/// Whether llama.cpp can drop a middle range of this model's cached positions and move the rest
+/// down.
+pub fn can_shift(model: &LlamaModel) -> bool {
+    let arch = meta(model, "general.architecture").unwrap_or_default();
+    SHIFTABLE.contains(&arch.as_str()) && !model.is_recurrent() && !model.is_hybrid()
+}
+
+/// Middle eviction needs a shiftable cache that holds every position: a sliding-window cache
+/// that is window-sized (`swa_full` off) is not.
+pub fn evicts_middle(shiftable: bool, n_swa: u32, swa_full: bool) -> bool {
+    shiftable && (n_swa == 0 || swa_full)
+}
+
 /// Tokenizes with the model's own tokenizer.
 pub fn tokenize(model: &LlamaModel, text: &str, add_bos: bool, parse_special: bool) -> Vec<LlamaToken> {
     model.vocab().tokenize(text.as_bytes(), add_bos, parse_special)

@@ -22,7 +22,7 @@
 
 use crate::backend;
 use crate::sampling::TokenSampler;
-use crate::settings::{Change, ContextSettings, StepSettings};
+use crate::settings::{Change, ContextSettings, Eviction, StepSettings};
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
@@ -109,6 +109,11 @@ pub struct Stats {
     pub ctx_checkpoints_restored_total: AtomicU64,
     pub ctx_checkpoint_bytes: AtomicU64,
     pub window_reprocessed_total: AtomicU64,
+    /// Middle eviction (`settings::Eviction`): positions the running sequences dropped, and
+    /// every shift and position dropped so far.
+    pub kv_evicted: AtomicU64,
+    pub kv_shifts_total: AtomicU64,
+    pub kv_evicted_total: AtomicU64,
 }
 
 struct Active {
@@ -156,6 +161,18 @@ struct Slot {
     last_used: u64,
     /// Where its last prompts ended, for a window-sized sliding cache (`window.rs`), oldest first.
     checkpoints: Vec<window::Checkpoint>,
+    /// After a middle eviction, only this many first positions hold what reading `cached` from
+    /// the start would (the rest moved down over the gap): no other request may reuse more.
+    moved_from: Option<usize>,
+    /// Positions its running sequence evicted.
+    evicted: usize,
+}
+
+impl Slot {
+    /// The cached tokens a request with the same prefix may reuse.
+    fn prefix(&self) -> &[LlamaToken] {
+        &self.cached[..self.moved_from.map_or(self.cached.len(), |m| m.min(self.cached.len()))]
+    }
 }
 
 pub struct Scheduler<'m> {
@@ -176,6 +193,8 @@ pub struct Scheduler<'m> {
     saved: PrefixStore<LlamaToken, SeqState>,
     /// The model's sliding window (0: none).
     n_swa: u32,
+    /// Whether llama.cpp can move this model's cached positions (`model::can_shift`).
+    shiftable: bool,
 }
 
 /// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
@@ -267,6 +286,7 @@ pub fn run(
         cost: StepCost::default(),
         saved: PrefixStore::new(mib(step.prefix_cache_mib)),
         n_swa: crate::model::sliding_window(model),
+        shiftable: crate::model::can_shift(model),
     };
     s.reset_slots();
     s.run_loop(commands);
@@ -275,7 +295,15 @@ pub fn run(
 impl<'m> Scheduler<'m> {
     fn reset_slots(&mut self) {
         self.slots = (0..self.settings.slots as i32)
-            .map(|seq| Slot { seq, cached: Vec::new(), active: None, last_used: 0, checkpoints: Vec::new() })
+            .map(|seq| Slot {
+                seq,
+                cached: Vec::new(),
+                active: None,
+                last_used: 0,
+                checkpoints: Vec::new(),
+                moved_from: None,
+                evicted: 0,
+            })
             .collect();
         self.batch = LlamaBatch::new(
             self.step.prefill_chunk as usize + self.settings.slots as usize,
@@ -360,6 +388,14 @@ impl<'m> Scheduler<'m> {
                 self.trim_checkpoints();
                 true
             }
+            // Eviction applies from the next step; a static level's type when idle.
+            Command::Change(Change::Policy(p)) => {
+                self.step.eviction = p.eviction;
+                if let Some(t) = p.kv_type {
+                    self.pending_changes.push(Change::KvType(t));
+                }
+                true
+            }
             Command::Change(Change::PrefillChunk(n)) => {
                 self.step.prefill_chunk = n;
                 self.batch = LlamaBatch::new(n as usize + self.settings.slots as usize, self.settings.slots as i32);
@@ -393,7 +429,8 @@ impl<'m> Scheduler<'m> {
                 Change::KvType(t) => next.kv_type = t,
                 Change::Threads(n) => next.threads = n,
                 Change::SwaFull(b) => next.swa_full = b,
-                Change::PrefillChunk(_)
+                Change::Policy(_)
+                | Change::PrefillChunk(_)
                 | Change::PrefillStall(_)
                 | Change::PrefixCacheMib(_)
                 | Change::DraftMax(_)
@@ -441,7 +478,7 @@ impl<'m> Scheduler<'m> {
     fn admit(&mut self) {
         while let Some(target) = self.free_slot_for(self.queue.front().map(|j| &j.tokens[..])) {
             let mut job = self.queue.pop_front().expect("checked by free_slot_for");
-            if common_prefix(&self.slots[target].cached, &job.tokens) < self.slots[target].cached.len() {
+            if common_prefix(self.slots[target].prefix(), &job.tokens) < self.slots[target].cached.len() {
                 // The part of the target's cache this job does not share is about to go.
                 self.save(target);
             }
@@ -570,6 +607,7 @@ impl<'m> Scheduler<'m> {
     }
 
     fn step_once(&mut self) {
+        self.evict_middles();
         let before: Vec<Snapshot> = self
             .slots
             .iter()
@@ -632,6 +670,65 @@ impl<'m> Scheduler<'m> {
                 self.sample_slot(i, idx);
             }
         }
+    }
+
+    /// Whether middle chunks can leave the cache now (a policy asks for it, and llama.cpp can
+    /// move this model's positions).
+    fn evicts(&self) -> Option<Eviction> {
+        self.step.eviction.filter(|_| crate::model::evicts_middle(self.shiftable, self.n_swa, self.settings.swa_full))
+    }
+
+    /// Positions slot `i` must keep in place besides its sinks: in one unified cache, a prefix
+    /// another sequence shares holds cells of both, whose positions must not move.
+    fn shared_prefix(&self, i: usize) -> usize {
+        if separate_streams(&self.settings) {
+            return 0;
+        }
+        let own = self.slots[i].prefix();
+        let others = self.slots.iter().enumerate().filter(|&(j, _)| j != i);
+        others.map(|(_, s)| common_prefix(own, s.prefix())).max().unwrap_or(0)
+    }
+
+    /// Each generating sequence whose next token would not fit its context drops a middle chunk
+    /// (`settings::Eviction`): llama.cpp removes those positions and moves the later ones down
+    /// (rotating their keys on the next decode).
+    fn evict_middles(&mut self) {
+        let Some(ev) = self.evicts() else { return };
+        let ctx_per_seq = self.settings.ctx_per_seq as usize;
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            let full =
+                slot.active.as_ref().is_some_and(|a| a.pending.is_some()) && slot.cached.len() + 1 >= ctx_per_seq;
+            if !full {
+                continue;
+            }
+            let (len, seq) = (slot.cached.len(), slot.seq);
+            let keep = self.shared_prefix(i).max(ev.sinks);
+            let drop = ev.shed(len, keep);
+            if drop == 0 {
+                continue;
+            }
+            let (from, to) = (keep as u32, (keep + drop) as u32);
+            let moved = self.ctx.kv_cache_seq_rm(seq, Some(from), Some(to)).is_ok()
+                && self.ctx.kv_cache_seq_add(seq, Some(to), None, -(drop as i32)).is_ok();
+            if !moved {
+                self.fail(i, EngineError::internal("evicting a middle chunk of the KV cache failed"));
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            slot.cached.drain(keep..keep + drop);
+            slot.moved_from = Some(slot.moved_from.map_or(keep, |m| m.min(keep)));
+            slot.evicted += drop;
+            self.stats.kv_shifts_total.fetch_add(1, Ordering::Relaxed);
+            self.stats.kv_evicted_total.fetch_add(drop as u64, Ordering::Relaxed);
+            self.logger.debug(&format!("sequence {seq}: evicted positions {from}..{to} of {len}"));
+        }
+        self.publish_evicted();
+    }
+
+    fn publish_evicted(&self) {
+        let evicted: usize = self.slots.iter().filter(|s| s.active.is_some()).map(|s| s.evicted).sum();
+        self.stats.kv_evicted.store(evicted as u64, Ordering::Relaxed);
     }
 
     /// Puts every slot back as it was before a batch that failed to decode.
@@ -709,6 +806,9 @@ impl<'m> Scheduler<'m> {
     fn draw(&mut self, i: usize, idx: i32, in_cache: usize) -> Drawn {
         let vocab = self.model.vocab();
         let ctx_per_seq = self.settings.ctx_per_seq as usize;
+        // Where the next token would not fit, the sequence ends unless a middle chunk can go.
+        let no_room = in_cache + 1 >= ctx_per_seq
+            && self.evicts().is_none_or(|ev| ev.shed(in_cache + 1, self.shared_prefix(i).max(ev.sinks)) == 0);
         let slot = &mut self.slots[i];
         let a = slot.active.as_mut().expect("sampled slots are active");
         let token = match a.sampler.sample(&self.ctx, idx, &slot.cached[..in_cache]) {
@@ -750,7 +850,7 @@ impl<'m> Scheduler<'m> {
             text.push_str(a.stops.push(&decoded));
             if a.stops.stopped() {
                 finish = Some(FinishReason::Stop);
-            } else if a.generated >= a.job.max_tokens || in_cache + 1 >= ctx_per_seq {
+            } else if a.generated >= a.job.max_tokens || no_room {
                 finish = Some(FinishReason::Length);
             }
         }
@@ -775,6 +875,17 @@ impl<'m> Scheduler<'m> {
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.take() else { return };
         slot.last_used = steps;
+        // What moved over an evicted gap is of no use to another request.
+        if let Some(m) = slot.moved_from.take() {
+            if self.ctx.kv_cache_seq_rm(slot.seq, Some(m as u32), None).is_ok() {
+                slot.cached.truncate(m);
+            } else {
+                let _ = self.ctx.clear_kv_cache_seq(Some(slot.seq as u32), None, None);
+                slot.cached.clear();
+            }
+        }
+        slot.evicted = 0;
+        self.publish_evicted();
         // Counters first: the requester may read metrics as soon as it gets Done.
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
@@ -794,6 +905,8 @@ impl<'m> Scheduler<'m> {
             let _ = a.job.events.send(Event::Failed(err));
         }
         self.clear_slot(i);
+        self.slots[i].evicted = 0;
+        self.publish_evicted();
     }
 }
 

@@ -41,6 +41,38 @@ pub struct StepSettings {
     /// window's state where each prompt ended, so a later prompt that parts from the cache
     /// further back than the window still holds can resume there (0: none).
     pub ctx_checkpoints: u32,
+    /// Middle-chunk eviction of a dynamic `kv_policy` (`None`: a sequence ends at its context).
+    pub eviction: Option<Eviction>,
+}
+
+/// Eviction of middle chunks, the evicted level (L3) of the staged KV cache as llama.cpp can do
+/// it without a fork: a generating sequence about to outgrow its context drops half of what lies
+/// between its first `sinks` positions (attention sinks) and its last `window`, and the rest
+/// moves down (llama.cpp rotates those keys to their new positions), so generation goes on past
+/// the context, as the context shift of Ollama and llama-server does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eviction {
+    pub sinks: usize,
+    pub window: usize,
+}
+
+impl Eviction {
+    /// Positions to drop, right after the first `protect`, from a sequence of `len` positions:
+    /// half of those between the protected ones and the window (at least one), 0 when the
+    /// window and the protected positions fill it.
+    pub fn shed(&self, len: usize, protect: usize) -> usize {
+        let kept = protect.max(self.sinks);
+        let movable = len.saturating_sub(kept + self.window);
+        movable.min(len.saturating_sub(kept).div_ceil(2))
+    }
+}
+
+/// What a `kv_policy` asks of llama.cpp, which keeps one KV type for the whole cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PolicyChange {
+    /// A static level's type; `None` (dynamic levels) keeps the type the cache has.
+    pub kv_type: Option<KvType>,
+    pub eviction: Option<Eviction>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,18 +107,25 @@ impl KvType {
         }
     }
 
-    /// The KV type a `kv_policy` (spec 002; a patch on the baseline) asks of llama.cpp, which
-    /// keeps one type for the whole cache: static levels only, int8 as q8_0, int4 as q4_0.
-    pub fn of_policy(value: &serde_json::Value) -> Result<Self, EngineError> {
+    /// What a `kv_policy` (spec 002; a patch on the baseline, as the node sends whole policies)
+    /// asks of llama.cpp: a static level is the type of the whole cache (int8 as q8_0, int4 as
+    /// q4_0), without eviction. Per-block levels run in the native engine; of a dynamic policy
+    /// this engine does the eviction, of middle chunks (unless the profile never evicts:
+    /// `L3_evict` 0), and keeps the cache's type.
+    pub fn of_policy(value: &serde_json::Value) -> Result<PolicyChange, EngineError> {
         let policy = KvPolicy::baseline().patched_json(value).map_err(|e| unsupported(e.to_string()))?;
-        match (policy.mode, policy.static_level) {
-            (Mode::Static, Level::F16) => Ok(Self::F16),
-            (Mode::Static, Level::Int8) => Ok(Self::Q8_0),
-            (Mode::Static, Level::Int4) => Ok(Self::Q4_0),
-            _ => Err(unsupported(
-                "kv policy: llama.cpp keeps one KV type for the whole cache: `mode: static` with f16, int8 (q8_0) or int4 (q4_0); per-block levels run in the native engine".into(),
-            )),
-        }
+        let kv_type = match (policy.mode, policy.static_level) {
+            (Mode::Dynamic, _) => None,
+            (Mode::Static, Level::F16) => Some(Self::F16),
+            (Mode::Static, Level::Int8) => Some(Self::Q8_0),
+            (Mode::Static, Level::Int4) => Some(Self::Q4_0),
+            (Mode::Static, Level::Evicted) => {
+                return Err(unsupported("kv policy: a static level stores blocks".into()))
+            }
+        };
+        let eviction = (policy.emergency_floor() == Some(Level::Evicted))
+            .then_some(Eviction { sinks: policy.sink_tokens, window: policy.recent_window });
+        Ok(PolicyChange { kv_type, eviction })
     }
 
     pub fn llama(self) -> KvCacheType {
@@ -108,6 +147,7 @@ pub fn default_threads() -> u32 {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Change {
     KvType(KvType),
+    Policy(PolicyChange),
     Threads(u32),
     PrefillChunk(u32),
     PrefillStall(f64),
@@ -130,7 +170,7 @@ pub fn parse_change(key: &str, value: &serde_json::Value) -> Result<Change, Engi
             .and_then(KvType::parse)
             .map(Change::KvType)
             .ok_or_else(|| unsupported(format!("`kv_cache_type` takes \"f16\", \"q8_0\" or \"q4_0\", got {value}"))),
-        "kv_policy" => KvType::of_policy(value).map(Change::KvType),
+        "kv_policy" => KvType::of_policy(value).map(Change::Policy),
         "threads" => positive(1024)
             .map(Change::Threads)
             .ok_or_else(|| unsupported(format!("`threads` takes an integer from 1 to 1024, got {value}"))),
@@ -243,6 +283,40 @@ mod tests {
             let e = parse_change("speculative_threshold", &bad).unwrap_err();
             assert!(e.message.contains("speculative_threshold"), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn a_policy_sets_the_cache_type_or_middle_eviction() {
+        let change = |v: serde_json::Value| KvType::of_policy(&v).unwrap();
+        assert_eq!(
+            change(json!({"mode": "static", "static_level": "int8"})),
+            PolicyChange { kv_type: Some(KvType::Q8_0), eviction: None }
+        );
+        // Dynamic: the type stays; the profile's eviction keeps the sinks and the window.
+        assert_eq!(
+            change(json!({"mode": "dynamic", "recent_window": 32, "sink_tokens": 4})),
+            PolicyChange { kv_type: None, eviction: Some(Eviction { sinks: 4, window: 32 }) }
+        );
+        // The safe profile never evicts (`L3_evict` 0).
+        assert_eq!(
+            change(json!({"mode": "dynamic", "profile": "safe"})),
+            PolicyChange { kv_type: None, eviction: None }
+        );
+        let e = parse_change("kv_policy", &json!({"mode": "dynamic", "recent_window": 4})).unwrap_err();
+        assert!(e.message.contains("recent_window"), "{}", e.message);
+    }
+
+    #[test]
+    fn eviction_sheds_half_the_middle_and_never_the_sinks_or_the_window() {
+        let ev = Eviction { sinks: 16, window: 32 };
+        // 127 positions: 111 after the sinks, half of them (rounded up) go.
+        assert_eq!(ev.shed(127, 0), 56);
+        // A prefix shared with another sequence is protected like the sinks.
+        assert_eq!(ev.shed(127, 40), 44);
+        // Never into the window: 16 + 32 + 3 positions leave only 3 to drop.
+        assert_eq!(ev.shed(51, 0), 3);
+        assert_eq!(ev.shed(48, 0), 0);
+        assert_eq!(ev.shed(100, 90), 0);
     }
 
     #[test]

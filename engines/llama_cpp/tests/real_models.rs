@@ -604,10 +604,91 @@ fn the_kv_cache_type_changes_the_live_context() {
     assert_eq!(saved_cache(7), (q8_text, q8_bytes));
     let levels = &model_stats(&engine, "kv")["kv_levels"];
     assert_eq!((levels["L0"].as_u64(), levels["L3"].as_u64()), (Some(0), Some(0)), "{levels}");
-    let err = engine.set_config(Some("kv"), "kv_policy", &serde_json::json!({"mode": "dynamic"})).unwrap_err();
+    // Dynamic levels keep the cache's type and evict middle chunks (the next test).
+    engine.set_config(Some("kv"), "kv_policy", &serde_json::json!({"mode": "dynamic"})).unwrap();
+    assert_eq!(engine.model_info("kv").unwrap().extra["kv_cache_type"], "q8_0");
+    let eviction = &model_stats(&engine, "kv")["kv_eviction"];
+    assert_eq!(*eviction, serde_json::json!({"sink_tokens": 16, "recent_window": 64}));
+    let err = engine
+        .set_config(Some("kv"), "kv_policy", &serde_json::json!({"mode": "static", "recent_window": 4}))
+        .unwrap_err();
     assert_eq!(err.status, EngineStatus::Unsupported);
-    assert!(err.message.contains("native engine"), "{}", err.message);
+    assert!(err.message.contains("recent_window"), "{}", err.message);
     assert_eq!(engine.model_info("kv").unwrap().extra["kv_cache_type"], "q8_0", "a refused policy changes nothing");
+    assert_eq!(model_stats(&engine, "kv")["kv_eviction"], *eviction, "a refused policy changes nothing");
+}
+
+/// Greedy token ids of `params` on `engine`, and the request's result.
+fn token_ids(engine: &EngineInstance, params: &InferParams<'_>) -> (Vec<i32>, llmr_engine_host::InferResult) {
+    let mut ids = Vec::new();
+    let res = engine
+        .infer(params, |t| {
+            ids.push(t.token_id);
+            true
+        })
+        .unwrap();
+    (ids, res)
+}
+
+#[test]
+fn a_dynamic_policy_evicts_middle_chunks_so_generation_outlives_the_context() {
+    const CTX: u32 = 128;
+    let config = || InstanceConfig { slots: 1, context_length: CTX, ..Default::default() };
+    let long = |id: u64, model: &'static str| {
+        let mut p = InferParams::greedy(id, model, CHAT);
+        (p.sampling.max_tokens, p.ignore_eos) = (Some(300), true);
+        p
+    };
+    // Without a policy the sequence ends where its context does.
+    let plain = engine_with("plain", config());
+    let (plain_ids, res) = token_ids(&plain, &long(1, "plain"));
+    assert_eq!(res.finish_reason, FinishReason::Length);
+    assert!(res.prompt_tokens + res.completion_tokens <= CTX, "{res:?}");
+
+    let shift = engine_with("shift", config());
+    let policy = serde_json::json!({"mode": "dynamic", "recent_window": 32, "sink_tokens": 16});
+    shift.set_config(Some("shift"), "kv_policy", &policy).unwrap();
+    let mut mid_run = None;
+    let mut ids = Vec::new();
+    let res = shift
+        .infer(&long(2, "shift"), |t| {
+            ids.push(t.token_id);
+            if ids.len() == 250 {
+                mid_run = Some(model_stats(&shift, "shift"));
+            }
+            true
+        })
+        .unwrap();
+    // It generates all it was asked for, well past the context.
+    assert_eq!((res.finish_reason, res.completion_tokens), (FinishReason::Length, 300), "{res:?}");
+    // Up to where the plain run stopped, both computed the same thing: the same tokens.
+    assert_eq!(ids[..plain_ids.len()], plain_ids[..]);
+    let stats = mid_run.unwrap();
+    let (evicted, cells) = (stats["kv_levels"]["L3"].as_u64().unwrap(), stats["kv_cells_used"].as_u64().unwrap());
+    assert!(evicted > 0 && cells < u64::from(CTX), "{stats}");
+    // Each shift drops half of the middle: never the 16 sinks or the last 32 positions.
+    let shifts = model_stats(&shift, "shift")["kv_shifts_total"].as_u64().unwrap();
+    let total = model_stats(&shift, "shift")["kv_evicted_total"].as_u64().unwrap();
+    let positions = u64::from(res.prompt_tokens + res.completion_tokens);
+    eprintln!("{shifts} shifts dropped {total} of {positions} positions; {evicted} evicted at token 250");
+    assert!(
+        shifts >= 2 && total + u64::from(CTX) >= positions && total <= shifts * u64::from(CTX - 48),
+        "{shifts} {total}"
+    );
+    assert_eq!(model_stats(&shift, "shift")["kv_levels"]["L3"], 0, "nothing runs");
+
+    // What moved over the gap is no one's prefix: the same prompt again reuses the sinks alone,
+    // and answers as a fresh cache does.
+    let (again, res) = token_ids(&shift, &long(3, "shift"));
+    assert_eq!(res.cached_tokens, 16, "{res:?}");
+    assert_eq!(again[..8], plain_ids[..8]);
+
+    // An encoder's cache cannot be shifted: refused, naming why.
+    let p = model_path("all-minilm-l6-v2-f16.gguf");
+    shift.load_model(&ModelSpec::new("minilm", Format::Gguf, p.display().to_string())).unwrap();
+    let err = shift.set_config(Some("minilm"), "kv_policy", &policy).unwrap_err();
+    assert_eq!(err.status, EngineStatus::Unsupported);
+    assert!(err.message.contains("cannot evict middle chunks"), "{}", err.message);
 }
 
 /// CPU clock ticks used so far by each thread of this process named `name` (threads inherit the

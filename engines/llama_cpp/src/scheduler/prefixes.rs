@@ -49,7 +49,7 @@ impl Scheduler<'_> {
             .filter(|(_, s)| s.active.is_none())
             .max_by_key(|(i, s)| {
                 let runs = if separate { runs_with(&running, *i) } else { 0 };
-                (std::cmp::Reverse(runs), common_prefix(&s.cached, tokens), std::cmp::Reverse(s.last_used))
+                (std::cmp::Reverse(runs), common_prefix(s.prefix(), tokens), std::cmp::Reverse(s.last_used))
             })
             .map(|(i, _)| i)
     }
@@ -58,13 +58,13 @@ impl Scheduler<'_> {
     /// its cache. At least one prompt token is always decoded, to get logits.
     pub(super) fn reuse_prefix(&mut self, target: usize, tokens: &[LlamaToken]) -> usize {
         let limit = tokens.len().saturating_sub(1);
-        let own = common_prefix(&self.slots[target].cached, tokens).min(limit);
+        let own = common_prefix(self.slots[target].prefix(), tokens).min(limit);
         let (best_src, best) = self
             .slots
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != target)
-            .map(|(i, s)| (i, common_prefix(&s.cached, tokens).min(limit)))
+            .map(|(i, s)| (i, common_prefix(s.prefix(), tokens).min(limit)))
             .max_by_key(|(_, n)| *n)
             .unwrap_or((target, 0));
         if let Some((entry, n)) = self.saved.best(tokens) {

@@ -83,6 +83,7 @@ impl Scheduler<'_> {
     pub(super) fn clear_slot(&mut self, i: usize) {
         let _ = self.ctx.clear_kv_cache_seq(Some(self.slots[i].seq as u32), None, None);
         self.slots[i].cached.clear();
+        self.slots[i].moved_from = None;
         self.forget_checkpoints(i, 0);
     }
 
