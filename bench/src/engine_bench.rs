@@ -330,7 +330,11 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
 /// processing. Cached blocks keep the levels a KV policy gave them. The engine's figures are
 /// read halfway through each round (bytes held, positions per level); `whole` counts the
 /// sequences that got all `ntg` tokens (under a byte budget too small for them all, the
-/// engine ends the longest with `length`).
+/// engine ends the longest with `length`). `most_decoding` is the most sequences generating at
+/// once in each round (the warm-up round's first), from the engine's figures every 100 ms, with
+/// the positions and bytes held then: under a byte budget, prompts that find no room wait for
+/// others to finish, so this, not `whole`, says how many long sequences the budget served at
+/// once (with `ntg` long enough that the sequences' decoding overlaps).
 fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
     let prompts: Vec<String> =
         (0..n).map(|i| prompt_of(engine, args.npp, 70_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
@@ -345,21 +349,28 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
     each_at_once(&prompts, |prompt| Ok(engine.infer(&request(prompt, 1), |_| true)?))?;
     let prime_s = start.elapsed().as_secs_f64();
     let cached_before = model_counter(engine, "cached_tokens_total")?;
-    let (mut rates, mut whole, mut mid) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rates, mut whole, mut mid, mut peaks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..args.reps.min(3) + 1 {
         let halfway = std::sync::Mutex::new(None);
-        let results = each_at_once(&prompts, |prompt| {
-            let first = std::ptr::eq(prompt, prompts[0].as_str());
-            let mut times = Vec::with_capacity(args.ntg as usize);
-            let r = engine.infer(&request(prompt, args.ntg), |t| {
-                times.push(t.timestamp_ns);
-                if first && times.len() == (args.ntg as usize).div_ceil(2) {
-                    *halfway.lock().unwrap() = engine.metrics().ok();
-                }
-                true
-            })?;
-            Ok((times, r.completion_tokens))
-        })?;
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (results, peak) = std::thread::scope(|s| {
+            let poller = s.spawn(|| most_decoding(engine, &done));
+            let results = each_at_once(&prompts, |prompt| {
+                let first = std::ptr::eq(prompt, prompts[0].as_str());
+                let mut times = Vec::with_capacity(args.ntg as usize);
+                let r = engine.infer(&request(prompt, args.ntg), |t| {
+                    times.push(t.timestamp_ns);
+                    if first && times.len() == (args.ntg as usize).div_ceil(2) {
+                        *halfway.lock().unwrap() = engine.metrics().ok();
+                    }
+                    true
+                })?;
+                Ok((times, r.completion_tokens))
+            });
+            done.store(true, Ordering::Relaxed);
+            (results, poller.join().expect("poller thread"))
+        });
+        let results = results?;
         let all_started = results.iter().filter_map(|r| r.0.first().copied()).max().unwrap_or(0);
         let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
         let together: usize = results.iter().map(|r| r.0.iter().filter(|&&t| t > all_started).count()).sum();
@@ -369,16 +380,34 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
             let m = halfway.into_inner().unwrap().unwrap_or_default();
             mid.push(model_of(&m).map(|x| serde_json::json!({"kv_bytes": x["kv_bytes"], "kv_levels": x["kv_levels"]})));
         }
+        // How many the budget held at once, the warm-up round's too (`--reps 0`: that one only).
+        peaks.push(peak);
     }
     let cached = model_counter(engine, "cached_tokens_total")? - cached_before;
     Ok(serde_json::json!({
         "sequences": n, "npp": args.npp, "ntg": args.ntg, "prime_s": prime_s,
         "all_decoding_tokens_per_s": median(rates.clone()), "samples": rates,
-        "whole": median(whole), "halfway": mid,
+        "whole": median(whole), "halfway": mid, "most_decoding": peaks,
         // Prompt tokens the timed rounds found in the prefix cache, per sequence and round
         // (close to npp: the prompts were not read again).
         "cached_per_sequence": cached as f64 / (f64::from(n) * (args.reps.min(3) + 1) as f64),
     }))
+}
+
+/// Until `done`, the engine's figures every 100 ms: the most sequences generating at once
+/// (`decoding`, an engine without it counts as 0), and the positions (per level) and bytes the
+/// cache held at the first moment of that most.
+fn most_decoding(engine: &Engine, done: &std::sync::atomic::AtomicBool) -> serde_json::Value {
+    let mut best = serde_json::json!({"decoding": 0});
+    while !done.load(Ordering::Relaxed) {
+        if let Some(m) = engine.metrics().ok().as_ref().and_then(model_of) {
+            if m["decoding"].as_u64().unwrap_or(0) > best["decoding"].as_u64().unwrap_or(0) {
+                best = serde_json::json!({"decoding": m["decoding"], "kv_bytes": m["kv_bytes"], "kv_levels": m["kv_levels"]});
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    best
 }
 
 /// The benchmarked model's entry in the engine's metrics.

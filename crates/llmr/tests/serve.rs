@@ -120,6 +120,29 @@ fn speculative_decoding_is_counted_and_can_be_turned_off_per_request() {
     assert_eq!((status, e["error"]["param"].as_str()), (400, Some("speculative")), "{e}");
 }
 
+/// Under a dynamic KV policy the llama.cpp plugin evicts middle chunks of a sequence that fills
+/// its context, so a request may ask for more tokens than the context holds and get them; without
+/// the policy the same request is a 400 that names the context.
+#[test]
+fn a_dynamic_kv_policy_lets_an_answer_outgrow_its_context() {
+    let gguf = format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"));
+    // Counting goes on as long as it is let; 240 tokens are far more than a 128-token context holds.
+    let body = json!({"model": "smollm2", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 240, "temperature": 0});
+    let plain = serve(&["--model", &gguf, "--ctx-size", "128"]);
+    let (status, e) = plain.post("/v1/completions", &body);
+    assert_eq!((status, e["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{e}");
+    drop(plain);
+
+    let s = serve(&["--model", &gguf, "--ctx-size", "128", "--kv-policy", r#"{"mode": "dynamic"}"#]);
+    let (status, answer) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    let (prompt, completion) =
+        (answer["usage"]["prompt_tokens"].as_u64().unwrap(), answer["usage"]["completion_tokens"].as_u64().unwrap());
+    assert!(prompt + completion > 128, "{answer}");
+    let text = answer["choices"][0]["text"].as_str().unwrap();
+    assert!(text.contains("40,"), "the count goes on past the context: {text:?}");
+}
+
 #[test]
 fn temperature_zero_answers_are_cached_and_metrics_count_them() {
     let s = serve(&["--model", &format!("smollm2={}", model("smollm2-135m-instruct-q4_1.gguf"))]);

@@ -26,7 +26,7 @@ use llmr_engine_host::{Capability, EngineRegistry, ModelRequirements, Plugin, Re
 use llmr_kv_policy::KvPolicy;
 use llmr_model_store::{runtime_for, Format, ModelDescriptor};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -132,9 +132,25 @@ pub struct LoadedModel {
     /// When the engine was loaded, and the requests that used it since (periodic restarts).
     pub loaded_at: Instant,
     pub requests: AtomicU64,
+    /// The engine evicts middle chunks of a sequence that fills its context (the llama.cpp
+    /// plugin under a dynamic KV policy: `kv_eviction` in its metrics), so a request may ask
+    /// for more tokens than the context holds. Read at load and after each policy change.
+    shifts_context: AtomicBool,
 }
 
 impl LoadedModel {
+    /// Whether a request may ask for more tokens than the context holds.
+    pub fn shifts_context(&self) -> bool {
+        self.shifts_context.load(Ordering::Relaxed)
+    }
+
+    /// Reads from the engine's metrics whether it evicts middle chunks now.
+    fn read_context_shift(&self) {
+        let evicts =
+            self.engine.metrics().is_some_and(|f| crate::metrics::model_figures(&f)["kv_eviction"].is_object());
+        self.shifts_context.store(evicts, Ordering::Relaxed);
+    }
+
     /// Nothing running or queued on it.
     pub fn is_idle(&self) -> bool {
         self.admission.busy() == 0 && self.admission.waiting() == 0
@@ -264,6 +280,7 @@ impl ModelManager {
             if let Err(e) = m.engine.set_config("kv_policy", &value) {
                 tracing::info!(model = %m.name, "KV policy not applied: {}", e.message);
             }
+            m.read_context_shift();
         }
     }
 
@@ -514,7 +531,9 @@ impl ModelManager {
             last_used: Mutex::new(Instant::now()),
             loaded_at: Instant::now(),
             requests: AtomicU64::new(0),
+            shifts_context: AtomicBool::new(false),
         });
+        loaded.read_context_shift();
         metrics::counter!(crate::metrics::MODEL_LOADS, "model" => name.to_owned()).increment(1);
         Ok(loaded)
     }

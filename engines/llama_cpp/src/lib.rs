@@ -19,8 +19,8 @@ use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
     abi, checked_token_ids, export_engine, serde_json, Capability, Constraint, EmbedOutcome, EmbedRequest,
-    EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, ModelDesc,
-    ModelInfo, TokenSink,
+    EmbeddingSink, Engine, EngineConfig, EngineError, EngineInfo, ErrorCode, InferOutcome, InferRequest, Logger,
+    ModelDesc, ModelInfo, TokenSink,
 };
 use llmr_kv_policy::Level;
 use llmr_sampling::DraftSettings;
@@ -72,10 +72,20 @@ struct LoadedModel {
     grammar: OnceLock<Result<Vocabulary, VocabularyError>>,
 }
 
+/// Why a dynamic KV policy runs without middle eviction on a model.
+const NO_EVICTION: &str = "llama.cpp cannot move this model's cached positions (a recurrent state, multi-axis positions, or a window-sized sliding cache: `swa_full: true` makes one full-size): the KV policy runs without middle eviction";
+
 impl LoadedModel {
-    /// Whether middle chunks can leave this model's cache with `swa_full` as given.
-    fn can_evict(&self, swa_full: bool) -> bool {
-        model::evicts_middle(self.shiftable, model::sliding_window(&self.model), swa_full)
+    /// What of policy change `p` this model can run: all of it but middle eviction where
+    /// llama.cpp cannot move its positions (said in the log; `kv_eviction` in the metrics is
+    /// then null).
+    fn doable(&self, id: &str, mut p: PolicyChange, logger: Logger) -> PolicyChange {
+        let swa_full = self.settings.lock().unwrap().swa_full;
+        if p.eviction.is_some() && !model::evicts_middle(self.shiftable, model::sliding_window(&self.model), swa_full) {
+            logger.warn(&format!("{id}: {NO_EVICTION}"));
+            p.eviction = None;
+        }
+        p
     }
 
     /// A request's constraint compiled against the model's vocabulary. Either failing is
@@ -263,6 +273,7 @@ impl Engine for LlamaCppEngine {
                     draft_threshold,
                     ctx_checkpoints,
                     eviction: None,
+                    idle_int8: false,
                 },
             }),
             models: RwLock::default(),
@@ -292,7 +303,12 @@ impl Engine for LlamaCppEngine {
         let shiftable = model::can_shift(&model);
         let mut step = defaults.step;
         if let Some(p) = policy {
-            step.eviction = p.eviction;
+            (step.eviction, step.idle_int8) = (p.eviction, p.idle_int8);
+        }
+        if step.eviction.is_some() && !model::evicts_middle(shiftable, model::sliding_window(&model), defaults.swa_full)
+        {
+            self.config.logger.warn(&format!("{}: {}", desc.model_id, NO_EVICTION));
+            step.eviction = None;
         }
         let settings = ContextSettings {
             slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
@@ -485,6 +501,8 @@ impl Engine for LlamaCppEngine {
                     "prefix_cache_entries": get(&s.prefix_cache_entries),
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),
                     "prefix_cache_restored_total": get(&s.prefix_cache_restored_total),
+                    // Of those saved, how many at int8 (a dynamic KV policy).
+                    "prefix_cache_int8_total": get(&s.prefix_cache_int8_total),
                     "prefix_copies_total": get(&s.prefix_copies_total),
                     // Speculative decoding: draft tokens fed and how many the sampler kept.
                     "draft_tokens_total": get(&s.draft_tokens_total),
@@ -522,15 +540,15 @@ impl Engine for LlamaCppEngine {
 
     fn set_config(&self, model_id: Option<&str>, key: &str, value: serde_json::Value) -> Result<(), EngineError> {
         let change = settings::parse_change(key, &value)?;
-        let targets: Vec<Arc<LoadedModel>> = match model_id {
-            Some(id) => vec![self.model(id)?],
+        let targets: Vec<(String, Arc<LoadedModel>)> = match model_id {
+            Some(id) => vec![(id.to_string(), self.model(id)?)],
             None => {
                 let mut d = self.defaults.lock().unwrap();
                 match change {
                     Change::KvType(t) => d.kv_type = Some(t),
                     Change::Policy(p) => {
                         d.kv_type = p.kv_type.or(d.kv_type);
-                        d.step.eviction = p.eviction;
+                        (d.step.eviction, d.step.idle_int8) = (p.eviction, p.idle_int8);
                     }
                     Change::Threads(n) => d.threads = Some(n),
                     Change::PrefillChunk(n) => d.step.prefill_chunk = n,
@@ -541,19 +559,14 @@ impl Engine for LlamaCppEngine {
                     Change::SwaFull(b) => d.swa_full = b,
                     Change::CtxCheckpoints(n) => d.step.ctx_checkpoints = n,
                 }
-                self.models.read().unwrap().values().cloned().collect()
+                self.models.read().unwrap().iter().map(|(id, m)| (id.clone(), m.clone())).collect()
             }
         };
-        if let (Change::Policy(PolicyChange { eviction: Some(_), .. }), Some(id)) = (change, model_id) {
-            let m = self.model(id)?;
-            if !m.can_evict(m.settings.lock().unwrap().swa_full) {
-                return Err(EngineError::new(
-                    ErrorCode::Unsupported,
-                    format!("kv policy: llama.cpp cannot move the cached positions of '{id}' (a recurrent state, multi-axis positions, or a window-sized sliding cache: `swa_full: true` makes one full-size), so it cannot evict middle chunks; a static level works"),
-                ));
-            }
-        }
-        for m in targets {
+        for (id, m) in targets {
+            let change = match change {
+                Change::Policy(p) => Change::Policy(m.doable(&id, p, self.config.logger)),
+                other => other,
+            };
             {
                 let mut s = m.settings.lock().unwrap();
                 match change {

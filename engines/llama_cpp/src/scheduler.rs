@@ -24,7 +24,6 @@ use crate::backend;
 use crate::sampling::TokenSampler;
 use crate::settings::{Change, ContextSettings, Eviction, StepSettings};
 use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::context::session::SeqState;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
@@ -45,6 +44,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod packed_state;
 mod prefixes;
 mod window;
 
@@ -87,8 +87,9 @@ pub struct Stats {
     pub decode_steps_total: AtomicU64,
     pub prefix_cache_bytes: AtomicU64,
     pub prefix_cache_entries: AtomicU64,
-    /// Idle caches copied to host memory.
+    /// Idle caches copied to host memory, and of those how many at int8.
     pub prefix_cache_saved_total: AtomicU64,
+    pub prefix_cache_int8_total: AtomicU64,
     /// Requests whose prefix came back from host memory.
     pub prefix_cache_restored_total: AtomicU64,
     /// Requests whose prefix was copied from another slot's cache.
@@ -190,7 +191,7 @@ pub struct Scheduler<'m> {
     pacer: Pacer,
     /// What a step costs by its number of tokens: whether draft tokens pay.
     cost: StepCost,
-    saved: PrefixStore<LlamaToken, SeqState>,
+    saved: PrefixStore<LlamaToken, prefixes::Saved>,
     /// The model's sliding window (0: none).
     n_swa: u32,
     /// Whether llama.cpp can move this model's cached positions (`model::can_shift`).
@@ -390,7 +391,7 @@ impl<'m> Scheduler<'m> {
             }
             // Eviction applies from the next step; a static level's type when idle.
             Command::Change(Change::Policy(p)) => {
-                self.step.eviction = p.eviction;
+                (self.step.eviction, self.step.idle_int8) = (p.eviction, p.idle_int8);
                 if let Some(t) = p.kv_type {
                     self.pending_changes.push(Change::KvType(t));
                 }

@@ -43,6 +43,9 @@ pub struct StepSettings {
     pub ctx_checkpoints: u32,
     /// Middle-chunk eviction of a dynamic `kv_policy` (`None`: a sequence ends at its context).
     pub eviction: Option<Eviction>,
+    /// Idle caches saved to host memory at int8 (a dynamic `kv_policy`), not as the live cache
+    /// holds them.
+    pub idle_int8: bool,
 }
 
 /// Eviction of middle chunks, the evicted level (L3) of the staged KV cache as llama.cpp can do
@@ -73,6 +76,7 @@ pub struct PolicyChange {
     /// A static level's type; `None` (dynamic levels) keeps the type the cache has.
     pub kv_type: Option<KvType>,
     pub eviction: Option<Eviction>,
+    pub idle_int8: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,8 +114,8 @@ impl KvType {
     /// What a `kv_policy` (spec 002; a patch on the baseline, as the node sends whole policies)
     /// asks of llama.cpp: a static level is the type of the whole cache (int8 as q8_0, int4 as
     /// q4_0), without eviction. Per-block levels run in the native engine; of a dynamic policy
-    /// this engine does the eviction, of middle chunks (unless the profile never evicts:
-    /// `L3_evict` 0), and keeps the cache's type.
+    /// this engine keeps the cache's type and does what it can: idle caches saved at int8, and
+    /// eviction of middle chunks (unless the profile never evicts: `L3_evict` 0).
     pub fn of_policy(value: &serde_json::Value) -> Result<PolicyChange, EngineError> {
         let policy = KvPolicy::baseline().patched_json(value).map_err(|e| unsupported(e.to_string()))?;
         let kv_type = match (policy.mode, policy.static_level) {
@@ -125,7 +129,7 @@ impl KvType {
         };
         let eviction = (policy.emergency_floor() == Some(Level::Evicted))
             .then_some(Eviction { sinks: policy.sink_tokens, window: policy.recent_window });
-        Ok(PolicyChange { kv_type, eviction })
+        Ok(PolicyChange { kv_type, eviction, idle_int8: policy.mode == Mode::Dynamic })
     }
 
     pub fn llama(self) -> KvCacheType {
@@ -290,17 +294,17 @@ mod tests {
         let change = |v: serde_json::Value| KvType::of_policy(&v).unwrap();
         assert_eq!(
             change(json!({"mode": "static", "static_level": "int8"})),
-            PolicyChange { kv_type: Some(KvType::Q8_0), eviction: None }
+            PolicyChange { kv_type: Some(KvType::Q8_0), eviction: None, idle_int8: false }
         );
         // Dynamic: the type stays; the profile's eviction keeps the sinks and the window.
         assert_eq!(
             change(json!({"mode": "dynamic", "recent_window": 32, "sink_tokens": 4})),
-            PolicyChange { kv_type: None, eviction: Some(Eviction { sinks: 4, window: 32 }) }
+            PolicyChange { kv_type: None, eviction: Some(Eviction { sinks: 4, window: 32 }), idle_int8: true }
         );
         // The safe profile never evicts (`L3_evict` 0).
         assert_eq!(
             change(json!({"mode": "dynamic", "profile": "safe"})),
-            PolicyChange { kv_type: None, eviction: None }
+            PolicyChange { kv_type: None, eviction: None, idle_int8: true }
         );
         let e = parse_change("kv_policy", &json!({"mode": "dynamic", "recent_window": 4})).unwrap_err();
         assert!(e.message.contains("recent_window"), "{}", e.message);

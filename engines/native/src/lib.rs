@@ -557,6 +557,7 @@ impl Engine for NativeEngine {
                     "model": id,
                     "slots_total": m.slots,
                     "slots_busy": get(&s.running),
+                    "decoding": get(&s.decoding),
                     "queued": get(&s.queued),
                     "requests_total": get(&s.requests_total),
                     "prompt_tokens_total": get(&s.prompt_tokens_total),

@@ -9,7 +9,8 @@
 //!
 //! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
 //! lower levels, and back up from their f16 copies (`kv_spill.rs`): every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
-//! high band or the pool has no room for a step (before any sequence is ended for room). A
+//! high band or the pool has no room for a step (before any sequence is ended for room) or,
+//! under a dynamic policy, for a waiting prompt's chunk (once a step). A
 //! panic in the policy path puts the baseline back (nothing lowered any more; blocks with f16
 //! copies come back up) and is counted.
 
@@ -68,6 +69,8 @@ pub enum Command {
 #[derive(Default)]
 pub struct Stats {
     pub running: AtomicU64,
+    /// Running sequences past their prompt (generating).
+    pub decoding: AtomicU64,
     pub queued: AtomicU64,
     pub requests_total: AtomicU64,
     pub prompt_tokens_total: AtomicU64,
@@ -358,6 +361,11 @@ impl Scheduler {
             .filter(|&s| self.running[s].next_prompt < self.running[s].job.tokens.len())
             .collect();
         order.sort_by_key(|&s| self.running[s].started);
+        // A dynamic policy may make room for a waiting prompt as it does for a decode token
+        // (lowering the least important blocks to its floor), once a step: otherwise a prompt
+        // that finds the budget full waits for whole sequences to finish, and the budget serves
+        // fewer sequences at once than the policy could hold.
+        let mut may_ask = self.policy.emergency_floor().is_some();
         for s in order {
             if budget == 0 {
                 break;
@@ -370,12 +378,16 @@ impl Scheduler {
             }
             let end = (r.next_prompt + allowed).min(r.job.tokens.len());
             let n = end - r.next_prompt;
-            let r = &mut self.running[s];
-            if self.pool.reserve(&mut r.table, n).is_err() {
+            let mut room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
+            if !room && std::mem::take(&mut may_ask) && self.control(Some(n.div_ceil(BLOCK_TOKENS) + 1)) {
+                room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
+            }
+            if !room {
                 // No room for this prompt now: it waits for sequences to finish (generating
                 // sequences keep the room they need), or for the policy to make some.
                 continue;
             }
+            let r = &mut self.running[s];
             for p in r.next_prompt..end {
                 let last = p + 1 == r.job.tokens.len();
                 batch.push(BatchToken { token: r.job.tokens[p], seq: s, pos: r.table.len, logits: last });
@@ -591,6 +603,8 @@ impl Scheduler {
     /// the blocks in use changed (counting them walks every block).
     fn publish_kv_stats(&mut self) {
         let s = &self.stats;
+        let decoding = self.running.iter().filter(|r| r.next_prompt >= r.job.tokens.len()).count();
+        s.decoding.store(decoding as u64, Ordering::Relaxed);
         let used = self.pool.used() as u64;
         let bytes = self.pool.held_bytes() as u64;
         let changed = (s.kv_blocks_used.swap(used, Ordering::Relaxed) != used) as u8

@@ -182,7 +182,12 @@ where
         }
         let prompt_tokens = generation::count_tokens(&model, &prompt).await?;
         if let Some(context) = info.context_length {
-            sampling.check_context(prompt_tokens, context, param)?;
+            if model.shifts_context() {
+                // The engine makes room by evicting middle chunks: only the prompt must fit.
+                Sampling { max_tokens: None, ..sampling.clone() }.check_context(prompt_tokens, context, param)?;
+            } else {
+                sampling.check_context(prompt_tokens, context, param)?;
+            }
         }
         first_prompt_tokens.get_or_insert(prompt_tokens);
         for j in 0..req.n as u64 {

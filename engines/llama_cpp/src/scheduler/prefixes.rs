@@ -1,10 +1,12 @@
 //! Where a new request's prefix comes from, and where idle caches go: slots' caches shared by
 //! `seq_cp`, and the saved prefixes of `llmr_sampling::PrefixStore` (copied out when a request
-//! is admitted, copied back by `state_seq_set`).
+//! is admitted, copied back by `state_seq_set`), at int8 under a dynamic KV policy
+//! (`packed_state.rs`).
 
+use super::packed_state::PackedState;
 use super::window::window_intact;
 use super::{separate_streams, Scheduler};
-use llama_cpp_2::context::session::LlamaStateSeqFlags;
+use llama_cpp_2::context::session::{LlamaStateSeqFlags, SeqState};
 use llama_cpp_2::token::LlamaToken;
 use llmr_sampling::common_prefix;
 use std::sync::atomic::Ordering;
@@ -20,6 +22,21 @@ pub(super) fn runs_with(running: &[usize], joining: usize) -> usize {
 /// over separate KV streams.
 pub(super) fn runs(ids: &[usize]) -> usize {
     ids.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(!ids.is_empty())
+}
+
+/// An idle cache in host memory: as llama.cpp saved it, or at int8.
+pub(super) enum Saved {
+    Exact(SeqState),
+    Int8(PackedState),
+}
+
+impl Saved {
+    fn byte_len(&self) -> usize {
+        match self {
+            Saved::Exact(s) => s.byte_len(),
+            Saved::Int8(p) => p.byte_len(),
+        }
+    }
 }
 
 /// Idle caches shorter than this are dropped, not saved: reading them again costs little.
@@ -113,8 +130,17 @@ impl Scheduler<'_> {
         self.clear_slot(target);
         let window = self.window();
         let (tokens, state) = self.saved.get(entry);
+        let set = match state {
+            Saved::Exact(state) => self.ctx.state_seq_set(state, seq).is_ok(),
+            // SAFETY: the bytes are those llama.cpp wrote for a sequence of this context (the
+            // store empties when the context is rebuilt) with the values dequantized in place;
+            // llama.cpp checks every count, type and size as it reads them.
+            Saved::Int8(packed) => unsafe {
+                self.ctx.state_seq_set_data_ext(&packed.unpack(), seq, LlamaStateSeqFlags::empty())
+            },
+        };
         // A window-sized sliding cache saved further on may no longer hold the window at `n`.
-        let restored = self.ctx.state_seq_set(state, seq).is_ok()
+        let restored = set
             && window_intact(self.ctx.kv_cache_seq_pos_min(seq), n, window)
             && self.ctx.kv_cache_seq_rm(seq, Some(n as u32), None).is_ok();
         if !restored {
@@ -133,16 +159,33 @@ impl Scheduler<'_> {
         if !self.saved.enabled() || slot.cached.len() < MIN_SAVED_TOKENS || self.saved.covers(&slot.cached) {
             return;
         }
-        match self.ctx.state_seq_get(slot.seq, LlamaStateSeqFlags::empty()) {
+        let packed = if self.step.idle_int8 && self.shiftable { self.packed(slot.seq) } else { None };
+        let state = match packed {
+            Some(p) => Ok(Saved::Int8(p)),
+            None => self.ctx.state_seq_get(slot.seq, LlamaStateSeqFlags::empty()).map(Saved::Exact),
+        };
+        match state {
             Ok(state) => {
-                let bytes = state.byte_len();
-                if self.saved.insert(slot.cached.clone(), state, bytes) {
+                let (bytes, int8) = (state.byte_len(), matches!(state, Saved::Int8(_)));
+                if self.saved.insert(self.slots[i].cached.clone(), state, bytes) {
                     self.stats.prefix_cache_saved_total.fetch_add(1, Ordering::Relaxed);
+                    self.stats.prefix_cache_int8_total.fetch_add(u64::from(int8), Ordering::Relaxed);
                 }
             }
             Err(e) => self.logger.warn(&format!("could not save an idle cache: {e}")),
         }
         self.publish_saved();
+    }
+
+    /// Sequence `seq`'s state at int8, or `None` where it holds no f16 values or its layout is
+    /// not the one `packed_state.rs` reads (it is then saved exact). Only for the architectures
+    /// of `model::can_shift`, whose cells carry nothing but positions and sequence ids.
+    fn packed(&self, seq: i32) -> Option<PackedState> {
+        let size = self.ctx.state_seq_get_size_ext(seq, LlamaStateSeqFlags::empty());
+        let mut bytes = vec![0u8; size];
+        // SAFETY: `bytes` holds the size llama.cpp just gave for this sequence's state.
+        let written = unsafe { self.ctx.state_seq_get_data_ext(bytes.as_mut_ptr(), seq, LlamaStateSeqFlags::empty()) };
+        (written == size).then(|| PackedState::pack(&bytes)).flatten()
     }
 
     /// Clears every idle cache but `except`'s from the KV cache, saving each first (`save` skips
