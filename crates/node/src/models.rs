@@ -270,9 +270,9 @@ impl ModelManager {
     }
 
     /// Sets the node's KV policy (checked already) and sends it to every loaded model. An
-    /// engine that cannot run it (the native engine on CUDA; llama.cpp with dynamic levels on a
-    /// model whose cached positions it cannot move) refuses it, which is logged, and keeps
-    /// serving as it was.
+    /// engine that cannot run it (the native engine on CUDA) refuses it, which is logged, and
+    /// keeps serving as it was; llama.cpp runs what it can of it (`kv_eviction` in its metrics
+    /// says whether that includes middle eviction).
     pub fn set_kv_policy(&self, policy: KvPolicy) {
         let value = serde_json::to_value(policy).expect("a policy serializes");
         *self.kv_policy.write().unwrap() = Some(policy);

@@ -75,16 +75,28 @@ struct LoadedModel {
 /// Why a dynamic KV policy runs without middle eviction on a model.
 const NO_EVICTION: &str = "llama.cpp cannot move this model's cached positions (a recurrent state, multi-axis positions, or a window-sized sliding cache: `swa_full: true` makes one full-size): the KV policy runs without middle eviction";
 
+/// `eviction` where llama.cpp can move model `id`'s cached positions (`shiftable`, with its
+/// sliding window `n_swa` and `swa_full` as given), else `None`, said in the log (`kv_eviction`
+/// in the metrics is then null).
+fn runnable_eviction(
+    id: &str,
+    eviction: Option<Eviction>,
+    (shiftable, n_swa, swa_full): (bool, u32, bool),
+    logger: Logger,
+) -> Option<Eviction> {
+    if eviction.is_some() && !model::evicts_middle(shiftable, n_swa, swa_full) {
+        logger.warn(&format!("{id}: {NO_EVICTION}"));
+        return None;
+    }
+    eviction
+}
+
 impl LoadedModel {
     /// What of policy change `p` this model can run: all of it but middle eviction where
-    /// llama.cpp cannot move its positions (said in the log; `kv_eviction` in the metrics is
-    /// then null).
+    /// llama.cpp cannot move its positions.
     fn doable(&self, id: &str, mut p: PolicyChange, logger: Logger) -> PolicyChange {
-        let swa_full = self.settings.lock().unwrap().swa_full;
-        if p.eviction.is_some() && !model::evicts_middle(self.shiftable, model::sliding_window(&self.model), swa_full) {
-            logger.warn(&format!("{id}: {NO_EVICTION}"));
-            p.eviction = None;
-        }
+        let cache = (self.shiftable, model::sliding_window(&self.model), self.settings.lock().unwrap().swa_full);
+        p.eviction = runnable_eviction(id, p.eviction, cache, logger);
         p
     }
 
@@ -305,11 +317,8 @@ impl Engine for LlamaCppEngine {
         if let Some(p) = policy {
             (step.eviction, step.idle_int8) = (p.eviction, p.idle_int8);
         }
-        if step.eviction.is_some() && !model::evicts_middle(shiftable, model::sliding_window(&model), defaults.swa_full)
-        {
-            self.config.logger.warn(&format!("{}: {}", desc.model_id, NO_EVICTION));
-            step.eviction = None;
-        }
+        let cache = (shiftable, model::sliding_window(&model), defaults.swa_full);
+        step.eviction = runnable_eviction(&desc.model_id, step.eviction, cache, self.config.logger);
         let settings = ContextSettings {
             slots: if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS },
             ctx_per_seq: ctx_per_seq.max(16),

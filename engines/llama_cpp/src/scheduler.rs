@@ -704,8 +704,8 @@ impl<'m> Scheduler<'m> {
                 continue;
             }
             let (len, seq) = (slot.cached.len(), slot.seq);
-            let keep = self.shared_prefix(i).max(ev.sinks);
-            let drop = ev.shed(len, keep);
+            let shared = self.shared_prefix(i);
+            let (keep, drop) = (ev.keep(shared), ev.shed(len, shared));
             if drop == 0 {
                 continue;
             }
@@ -809,7 +809,7 @@ impl<'m> Scheduler<'m> {
         let ctx_per_seq = self.settings.ctx_per_seq as usize;
         // Where the next token would not fit, the sequence ends unless a middle chunk can go.
         let no_room = in_cache + 1 >= ctx_per_seq
-            && self.evicts().is_none_or(|ev| ev.shed(in_cache + 1, self.shared_prefix(i).max(ev.sinks)) == 0);
+            && self.evicts().is_none_or(|ev| ev.shed(in_cache + 1, self.shared_prefix(i)) == 0);
         let slot = &mut self.slots[i];
         let a = slot.active.as_mut().expect("sampled slots are active");
         let token = match a.sampler.sample(&self.ctx, idx, &slot.cached[..in_cache]) {

@@ -60,11 +60,17 @@ pub struct Eviction {
 }
 
 impl Eviction {
-    /// Positions to drop, right after the first `protect`, from a sequence of `len` positions:
-    /// half of those between the protected ones and the window (at least one), 0 when the
-    /// window and the protected positions fill it.
-    pub fn shed(&self, len: usize, protect: usize) -> usize {
-        let kept = protect.max(self.sinks);
+    /// Positions to keep in place at the start: the sinks, or more where `shared` positions are
+    /// another sequence's too.
+    pub fn keep(&self, shared: usize) -> usize {
+        shared.max(self.sinks)
+    }
+
+    /// Positions to drop, right after `keep(shared)`, from a sequence of `len` positions: half
+    /// (rounded up) of those after the kept ones, never into the window; 0 when the kept
+    /// positions and the window fill it.
+    pub fn shed(&self, len: usize, shared: usize) -> usize {
+        let kept = self.keep(shared);
         let movable = len.saturating_sub(kept + self.window);
         movable.min(len.saturating_sub(kept).div_ceil(2))
     }
