@@ -67,6 +67,15 @@ struct Args {
     /// `kv_budget_mib`).
     #[arg(long)]
     load_options: Option<String>,
+    /// `--tests long`: write the token ids each sequence generated in the last round to this
+    /// file (greedy answers of a reference configuration, such as the f16 cache with room).
+    #[arg(long)]
+    save_answers: Option<PathBuf>,
+    /// `--tests long`: compare the last round's answers with those `--save-answers` wrote
+    /// (same prompts and `--ntg`): how far each runs before its first different token, and
+    /// the share of positions that agree.
+    #[arg(long)]
+    compare_answers: Option<PathBuf>,
     /// Settings applied to the model before the tests, `key=json` (set_config), e.g.
     /// `speculative_threshold=1` to keep speculation on but never worth a draft.
     #[arg(long = "set")]
@@ -329,12 +338,14 @@ fn run_batch(engine: &Engine, args: &Args, n: u32, constraint: Option<&Constrain
 /// their first steps: what the KV cache's layout and levels cost at this context, not prompt
 /// processing. Cached blocks keep the levels a KV policy gave them. The engine's figures are
 /// read halfway through each round (bytes held, positions per level); `whole` counts the
-/// sequences that got all `ntg` tokens (under a byte budget too small for them all, the
-/// engine ends the longest with `length`). `most_decoding` is the most sequences generating at
-/// once in each round (the warm-up round's first), from the engine's figures every 100 ms, with
-/// the positions and bytes held then: under a byte budget, prompts that find no room wait for
-/// others to finish, so this, not `whole`, says how many long sequences the budget served at
-/// once (with `ntg` long enough that the sequences' decoding overlaps).
+/// sequences that got all `ntg` tokens, `generated` the tokens of each round and `round_s` its
+/// wall time, `preemptions` the sequences the engine set aside for room over the whole run (an
+/// engine that ends sequences for room instead shows it in `whole`). `most_decoding` is the
+/// most sequences generating at once in each round (the warm-up round's first), from the
+/// engine's figures every 100 ms, with the positions and bytes held then: under a byte budget,
+/// prompts that find no room wait (or are preempted) while others go on, so this, not `whole`,
+/// says how many long sequences the budget served at once (with `ntg` long enough that the
+/// sequences' decoding overlaps).
 fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
     let prompts: Vec<String> =
         (0..n).map(|i| prompt_of(engine, args.npp, 70_000 + u64::from(i) * 7919)).collect::<Result<_>>()?;
@@ -349,28 +360,35 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
     each_at_once(&prompts, |prompt| Ok(engine.infer(&request(prompt, 1), |_| true)?))?;
     let prime_s = start.elapsed().as_secs_f64();
     let cached_before = model_counter(engine, "cached_tokens_total")?;
+    let preempted_before = model_counter(engine, "preemptions_total")?;
     let (mut rates, mut whole, mut mid, mut peaks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut generated, mut round_s, mut answers) = (Vec::new(), Vec::new(), Vec::<Vec<i32>>::new());
     for rep in 0..args.reps.min(3) + 1 {
         let halfway = std::sync::Mutex::new(None);
         let done = std::sync::atomic::AtomicBool::new(false);
+        let round = Instant::now();
         let (results, peak) = std::thread::scope(|s| {
             let poller = s.spawn(|| most_decoding(engine, &done));
             let results = each_at_once(&prompts, |prompt| {
                 let first = std::ptr::eq(prompt, prompts[0].as_str());
-                let mut times = Vec::with_capacity(args.ntg as usize);
+                let (mut times, mut ids) = (Vec::with_capacity(args.ntg as usize), Vec::new());
                 let r = engine.infer(&request(prompt, args.ntg), |t| {
                     times.push(t.timestamp_ns);
+                    ids.push(t.token_id);
                     if first && times.len() == (args.ntg as usize).div_ceil(2) {
                         *halfway.lock().unwrap() = engine.metrics().ok();
                     }
                     true
                 })?;
-                Ok((times, r.completion_tokens))
+                Ok((times, r.completion_tokens, ids))
             });
             done.store(true, Ordering::Relaxed);
             (results, poller.join().expect("poller thread"))
         });
         let results = results?;
+        round_s.push(round.elapsed().as_secs_f64());
+        generated.push(results.iter().map(|r| r.1).sum::<u32>());
+        answers = results.iter().map(|r| r.2.clone()).collect();
         let all_started = results.iter().filter_map(|r| r.0.first().copied()).max().unwrap_or(0);
         let t1 = results.iter().filter_map(|r| r.0.last().copied()).max().unwrap_or(0);
         let together: usize = results.iter().map(|r| r.0.iter().filter(|&&t| t > all_started).count()).sum();
@@ -384,14 +402,43 @@ fn run_long(engine: &Engine, args: &Args, n: u32) -> Result<serde_json::Value> {
         peaks.push(peak);
     }
     let cached = model_counter(engine, "cached_tokens_total")? - cached_before;
+    if let Some(path) = &args.save_answers {
+        std::fs::write(path, serde_json::to_vec(&answers)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let agreement = match &args.compare_answers {
+        Some(path) => {
+            let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let reference: Vec<Vec<i32>> = serde_json::from_slice(&text)?;
+            answer_agreement(&reference, &answers)
+        }
+        None => serde_json::Value::Null,
+    };
     Ok(serde_json::json!({
+        "answers_against_reference": agreement,
         "sequences": n, "npp": args.npp, "ntg": args.ntg, "prime_s": prime_s,
         "all_decoding_tokens_per_s": median(rates.clone()), "samples": rates,
         "whole": median(whole), "halfway": mid, "most_decoding": peaks,
+        "generated": generated, "round_s": round_s,
+        "preemptions": model_counter(engine, "preemptions_total")? - preempted_before,
         // Prompt tokens the timed rounds found in the prefix cache, per sequence and round
         // (close to npp: the prompts were not read again).
         "cached_per_sequence": cached as f64 / (f64::from(n) * (args.reps.min(3) + 1) as f64),
     }))
+}
+
+/// How a configuration's greedy answers compare with a reference's for the same prompts:
+/// tokens each answer runs before its first different one (a greedy answer that parts once
+/// goes its own way after), and the share of all positions with the same token.
+fn answer_agreement(reference: &[Vec<i32>], answers: &[Vec<i32>]) -> serde_json::Value {
+    let first_difference: Vec<usize> =
+        reference.iter().zip(answers).map(|(a, b)| a.iter().zip(b).take_while(|(x, y)| x == y).count()).collect();
+    let positions: usize = reference.iter().zip(answers).map(|(a, b)| a.len().max(b.len())).sum();
+    let same: usize = reference.iter().zip(answers).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x == y).count()).sum();
+    serde_json::json!({
+        "sequences": reference.len().min(answers.len()),
+        "first_difference": first_difference,
+        "same_positions": same as f64 / positions.max(1) as f64,
+    })
 }
 
 /// Until `done`, the engine's figures every 100 ms: the most sequences generating at once

@@ -30,6 +30,7 @@ pub const KV_BYTES: &str = "llmr_kv_cache_bytes";
 pub const KV_BUDGET_BYTES: &str = "llmr_kv_cache_budget_bytes";
 pub const KV_LEVEL_BLOCKS: &str = "llmr_kv_level_blocks";
 pub const KV_POLICY_ERRORS: &str = "llmr_kv_policy_errors_total";
+pub const KV_PREEMPTIONS: &str = "llmr_kv_preemptions_total";
 pub const KV_DELTA_PPL_EST: &str = "llmr_kv_delta_ppl_estimate_percent";
 pub const DRAFT_TOKENS: &str = "llmr_spec_decode_draft_tokens_total";
 pub const DRAFT_ACCEPTED: &str = "llmr_spec_decode_accepted_tokens_total";
@@ -130,6 +131,10 @@ fn describe() {
     );
     metrics::describe_gauge!(KV_POLICY_ERRORS, "Failures of the KV policy (each put the baseline back), by model");
     metrics::describe_gauge!(
+        KV_PREEMPTIONS,
+        "Sequences set aside for KV room, to resume when there is some (native engine), by model"
+    );
+    metrics::describe_gauge!(
         KV_DELTA_PPL_EST,
         "Estimated relative perplexity increase (percent) of the KV cache as it is stored now, by model with a calibration table"
     );
@@ -183,6 +188,9 @@ pub fn refresh(models: &ModelManager) {
                         metrics::gauge!(KV_BUDGET_BYTES, "model" => name.clone()).set(budget);
                         let errors = v["policy_errors_total"].as_f64().unwrap_or(0.0);
                         metrics::gauge!(KV_POLICY_ERRORS, "model" => name.clone()).set(errors);
+                        if let Some(n) = v["preemptions_total"].as_f64() {
+                            metrics::gauge!(KV_PREEMPTIONS, "model" => name.clone()).set(n);
+                        }
                         // Only models with a calibration table have an estimate.
                         if let Some(est) = v["delta_ppl_est"].as_f64() {
                             metrics::gauge!(KV_DELTA_PPL_EST, "model" => name).set(est);

@@ -578,6 +578,7 @@ impl Engine for NativeEngine {
                     "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),
                     "policy_blocks_promoted_total": get(&s.policy_blocks_promoted_total),
                     "policy_errors_total": get(&s.policy_errors_total),
+                    "preemptions_total": get(&s.preemptions_total),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
                     "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,
                 })

@@ -7,9 +7,15 @@
 //! token was in it. New requests join between steps, starting after the longest run of full KV
 //! blocks the pool already holds for their prompt (`kv_cache.rs`).
 //!
+//! When a decode token finds no room and the policy makes none, the sequence that started last
+//! is preempted (vLLM's order): its full blocks stay in the prefix index, its draws, text and
+//! place are kept, and it comes back before any new request once the pool has room, reading
+//! again only what the index no longer holds. No answer is cut short for room; only a lone
+//! sequence, which the budget always holds, could be.
+//!
 //! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
 //! lower levels, and back up from their f16 copies (`kv_spill.rs`): every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
-//! high band or the pool has no room for a step (before any sequence is ended for room) or,
+//! high band or the pool has no room for a step (before any sequence is preempted for room) or,
 //! under a dynamic policy, for a waiting prompt's chunk (once a step). A
 //! panic in the policy path puts the baseline back (nothing lowered any more; blocks with f16
 //! copies come back up) and is counted.
@@ -91,6 +97,8 @@ pub struct Stats {
     pub policy_blocks_promoted_total: AtomicU64,
     /// Panics in the policy path, each followed by the baseline policy.
     pub policy_errors_total: AtomicU64,
+    /// Sequences set aside for room (`Scheduler::preempt_newest`).
+    pub preemptions_total: AtomicU64,
     /// Tokens drawn under a grammar, and the time their masks took (computing, applying,
     /// following the drawn token).
     pub constrained_tokens_total: AtomicU64,
@@ -127,9 +135,15 @@ struct Running {
     table: BlockTable,
     /// Prompt then generated tokens whose KV the table holds or is about to hold.
     tokens: Vec<u32>,
-    /// Next prompt token to feed.
-    next_prompt: usize,
+    /// What it reads before it samples: its prompt, or after a preemption every token it had
+    /// read (then the token it had sampled follows as a decode token).
+    feed: Vec<u32>,
+    /// Next token of `feed` to read.
+    next_feed: usize,
+    prompt_len: usize,
     cached_prompt: usize,
+    /// Positions of `feed` the prefix index held when it was (re)admitted.
+    attached: usize,
     sampler: Sampler,
     /// A constrained request's draws (its grammar state); `sampler` serves the others.
     constrained: Option<ConstrainedSampler>,
@@ -146,6 +160,13 @@ struct Running {
     window_next: usize,
 }
 
+impl Running {
+    /// Whether it still reads its feed (and samples only from its end).
+    fn reading(&self) -> bool {
+        self.next_feed < self.feed.len()
+    }
+}
+
 pub struct Scheduler {
     model: Arc<Model>,
     tokenizer: Arc<ModelTokenizer>,
@@ -154,6 +175,8 @@ pub struct Scheduler {
     threads: Arc<rayon::ThreadPool>,
     settings: StepSettings,
     running: Vec<Running>,
+    /// Preempted sequences, oldest first: they run again before any queued request.
+    preempted: VecDeque<Running>,
     queue: VecDeque<Job>,
     /// Embedding requests, oldest first; the first advances one chunk per turn.
     embeds: VecDeque<EmbedRun>,
@@ -192,6 +215,7 @@ impl Scheduler {
             threads,
             settings,
             running: Vec::new(),
+            preempted: VecDeque::new(),
             queue: VecDeque::new(),
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
@@ -206,7 +230,7 @@ impl Scheduler {
 
     pub fn run(mut self, commands: Receiver<Command>) {
         loop {
-            if self.running.is_empty() && self.queue.is_empty() && self.embeds.is_empty() {
+            if self.running.is_empty() && self.preempted.is_empty() && self.queue.is_empty() && self.embeds.is_empty() {
                 match commands.recv() {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
@@ -223,7 +247,7 @@ impl Scheduler {
             }
             self.drop_cancelled();
             self.admit();
-            self.stats.queued.store(self.queue.len() as u64, Ordering::Relaxed);
+            self.stats.queued.store((self.queue.len() + self.preempted.len()) as u64, Ordering::Relaxed);
             if let Some(run) = self.embeds.front_mut() {
                 let mut ctx = EmbedContext {
                     model: &self.model,
@@ -275,6 +299,9 @@ impl Scheduler {
                 while !self.running.is_empty() {
                     self.finish(0, FinishReason::Cancelled);
                 }
+                for r in std::mem::take(&mut self.preempted) {
+                    self.report_finish(r, FinishReason::Cancelled);
+                }
                 false
             }
         }
@@ -289,6 +316,12 @@ impl Scheduler {
                 i += 1;
             }
         }
+        let (cancelled, kept): (VecDeque<Running>, VecDeque<Running>) =
+            std::mem::take(&mut self.preempted).into_iter().partition(|r| r.job.cancel.load(Ordering::SeqCst));
+        self.preempted = kept;
+        for r in cancelled {
+            self.report_finish(r, FinishReason::Cancelled);
+        }
         self.queue.retain(|job| {
             let cancelled = job.cancel.load(Ordering::SeqCst);
             if cancelled {
@@ -299,21 +332,45 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
+        // Preempted sequences come back first, oldest first, once the pool can hold what they
+        // had and a block more for every running sequence (with less, the next full block
+        // would preempt them again); new requests wait behind them.
         while self.running.len() < self.settings.slots {
-            let Some(job) = self.queue.pop_front() else { break };
+            let Some(r) = self.preempted.front() else { break };
+            let need = r.feed.len().div_ceil(BLOCK_TOKENS) + 1 + self.running.len();
+            if !self.running.is_empty() && self.pool.available() < need {
+                break;
+            }
+            let mut r = self.preempted.pop_front().expect("checked");
+            let reused = self.pool.attach_prefix(&mut r.table, &r.feed);
+            r.tokens = r.feed[..reused].to_vec();
+            (r.next_feed, r.attached) = (reused, reused);
+            self.logger.debug(&format!(
+                "request {} resumes: {} of {} positions from the prefix index",
+                r.job.request_id,
+                reused,
+                r.feed.len()
+            ));
+            self.running.push(r);
+        }
+        while self.preempted.is_empty() && self.running.len() < self.settings.slots {
+            let Some(mut job) = self.queue.pop_front() else { break };
             let mut table = BlockTable::default();
-            let reused = self.pool.attach_prefix(&mut table, &job.tokens);
-            self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
+            let feed = std::mem::take(&mut job.tokens);
+            let reused = self.pool.attach_prefix(&mut table, &feed);
+            self.stats.prompt_tokens_total.fetch_add(feed.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
-            let mut job = job;
             self.running.push(Running {
                 sampler: Sampler::new(&job.sampling, self.vocab),
                 constrained: job.mask.take().map(|m| ConstrainedSampler::new(m, &job.sampling, self.vocab)),
                 stops: StopMatcher::new(job.sampling.stop.iter().cloned()),
-                tokens: job.tokens[..reused].to_vec(),
+                tokens: feed[..reused].to_vec(),
                 table,
-                next_prompt: reused,
+                prompt_len: feed.len(),
+                feed,
+                next_feed: reused,
                 cached_prompt: reused,
+                attached: reused,
                 pending: None,
                 logits_row: None,
                 generated: 0,
@@ -329,14 +386,14 @@ impl Scheduler {
 
     /// Builds the step's batch; returns it with how many of its tokens are decode tokens.
     fn build_batch(&mut self) -> (Vec<BatchToken>, usize) {
-        // Room for every decode token first; when the pool is full, the longest sequence ends
-        // (finish_reason `length`) and the others are checked again.
+        // Room for every decode token first; when the pool is full and the policy makes none,
+        // the newest sequence is preempted and the others are checked again.
         'room: loop {
             for i in 0..self.running.len() {
                 let r = &mut self.running[i];
-                if r.pending.is_some() && self.pool.reserve(&mut r.table, 1).is_err() {
+                if r.pending.is_some() && !r.reading() && self.pool.reserve(&mut r.table, 1).is_err() {
                     if !self.control(Some(1)) {
-                        self.end_longest();
+                        self.preempt_newest();
                     }
                     continue 'room;
                 }
@@ -346,6 +403,9 @@ impl Scheduler {
         let mut batch = Vec::new();
         for (s, r) in self.running.iter_mut().enumerate() {
             r.logits_row = None;
+            if r.reading() {
+                continue;
+            }
             if let Some(tok) = r.pending.take() {
                 batch.push(BatchToken { token: tok, seq: s, pos: r.table.len, logits: true });
                 r.tokens.push(tok);
@@ -357,9 +417,7 @@ impl Scheduler {
         let chunk = self.settings.prefill_chunk;
         let mut budget = chunk;
         let mut paced = self.pacer.budget(decoding, chunk, self.settings.prefill_stall);
-        let mut order: Vec<usize> = (0..self.running.len())
-            .filter(|&s| self.running[s].next_prompt < self.running[s].job.tokens.len())
-            .collect();
+        let mut order: Vec<usize> = (0..self.running.len()).filter(|&s| self.running[s].reading()).collect();
         order.sort_by_key(|&s| self.running[s].started);
         // A dynamic policy may make room for a waiting prompt as it does for a decode token
         // (lowering the least important blocks to its floor), once a step: otherwise a prompt
@@ -371,13 +429,13 @@ impl Scheduler {
                 break;
             }
             let r = &self.running[s];
-            let long = r.job.tokens.len() - r.cached_prompt > chunk;
+            let long = r.feed.len() - r.attached > chunk;
             let allowed = if long { budget.min(paced) } else { budget };
             if allowed == 0 {
                 continue;
             }
-            let end = (r.next_prompt + allowed).min(r.job.tokens.len());
-            let n = end - r.next_prompt;
+            let end = (r.next_feed + allowed).min(r.feed.len());
+            let n = end - r.next_feed;
             let mut room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
             if !room && std::mem::take(&mut may_ask) && self.control(Some(n.div_ceil(BLOCK_TOKENS) + 1)) {
                 room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
@@ -388,13 +446,14 @@ impl Scheduler {
                 continue;
             }
             let r = &mut self.running[s];
-            for p in r.next_prompt..end {
-                let last = p + 1 == r.job.tokens.len();
-                batch.push(BatchToken { token: r.job.tokens[p], seq: s, pos: r.table.len, logits: last });
-                r.tokens.push(r.job.tokens[p]);
+            for p in r.next_feed..end {
+                // A preempted sequence reads again without logits: it had sampled already.
+                let last = p + 1 == r.feed.len() && r.pending.is_none();
+                batch.push(BatchToken { token: r.feed[p], seq: s, pos: r.table.len, logits: last });
+                r.tokens.push(r.feed[p]);
                 r.table.len += 1;
             }
-            r.next_prompt = end;
+            r.next_feed = end;
             budget -= n;
             if long {
                 paced = paced.saturating_sub(n);
@@ -407,10 +466,10 @@ impl Scheduler {
         let (batch, decoding) = self.build_batch();
         if batch.is_empty() {
             // Every running prompt waits for room: the policy makes some if it can, or else
-            // only a finished sequence frees it. The pool's budget holds at least one full f16
-            // context, so ending the longest lets the others go on.
+            // the newest steps aside. The pool's budget holds at least one full f16 context, so
+            // the oldest always goes on.
             if !self.running.is_empty() && !self.control(Some(self.settings.prefill_chunk.div_ceil(BLOCK_TOKENS) + 1)) {
-                self.end_longest();
+                self.preempt_newest();
             }
             return;
         }
@@ -454,7 +513,7 @@ impl Scheduler {
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
             // Sliding layers hold each sequence's window, and the window before its prompt's end.
-            let prompt = r.job.tokens.len();
+            let prompt = r.prompt_len;
             let keep = prompt.saturating_sub(window + BLOCK_TOKENS)..prompt;
             r.window_next = self.pool.drop_out_of_window(&r.table, keep, r.window_next);
         }
@@ -603,7 +662,7 @@ impl Scheduler {
     /// the blocks in use changed (counting them walks every block).
     fn publish_kv_stats(&mut self) {
         let s = &self.stats;
-        let decoding = self.running.iter().filter(|r| r.next_prompt >= r.job.tokens.len()).count();
+        let decoding = self.running.iter().filter(|r| !r.reading()).count();
         s.decoding.store(decoding as u64, Ordering::Relaxed);
         let used = self.pool.used() as u64;
         let bytes = self.pool.held_bytes() as u64;
@@ -616,11 +675,35 @@ impl Scheduler {
         }
     }
 
-    fn end_longest(&mut self) {
-        if let Some(longest) = (0..self.running.len()).max_by_key(|&j| self.running[j].table.len) {
-            self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
-            self.finish(longest, FinishReason::Length);
+    /// Makes room by preempting the sequence that started last, so that the oldest requests
+    /// finish first: its full blocks stay in the prefix index (taken back for room only as
+    /// needed), and it waits in `preempted` with its draws and text. A lone sequence always
+    /// fits the budget; if one does not, it ends (finish_reason `length`).
+    fn preempt_newest(&mut self) {
+        let Some(newest) = (0..self.running.len()).max_by_key(|&j| self.running[j].started) else { return };
+        if self.running.len() == 1 {
+            self.logger.warn("KV cache full with one sequence: ending it with finish_reason length");
+            return self.finish(newest, FinishReason::Length);
         }
+        let mut r = self.running.swap_remove(newest);
+        self.pool.publish(&mut r.table, &r.tokens);
+        self.pool.free_table(&mut r.table);
+        if r.reading() {
+            r.tokens.clear();
+        } else {
+            r.feed = std::mem::take(&mut r.tokens);
+        }
+        (r.next_feed, r.window_next) = (0, 0);
+        self.stats.preemptions_total.fetch_add(1, Ordering::Relaxed);
+        self.logger.info(&format!(
+            "KV cache full: request {} preempted after {} positions; it resumes when there is room",
+            r.job.request_id,
+            r.feed.len()
+        ));
+        let at = self.preempted.partition_point(|p| p.started <= r.started);
+        self.preempted.insert(at, r);
+        self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
+        self.publish_kv_stats();
     }
 
     /// Ends every running sequence with an error (a forward pass failed: a GPU error); the
@@ -651,14 +734,16 @@ impl Scheduler {
         self.pool.free_table(&mut r.table);
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.publish_kv_stats();
+        self.report_finish(r, reason);
+    }
+
+    /// Sends the end of a sequence that holds no blocks any more.
+    fn report_finish(&self, r: Running, reason: FinishReason) {
         self.logger.debug(&format!(
             "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
-            r.job.request_id,
-            r.job.tokens.len(),
-            r.cached_prompt,
-            r.generated
+            r.job.request_id, r.prompt_len, r.cached_prompt, r.generated
         ));
-        let counts = (r.job.tokens.len(), r.cached_prompt, r.generated);
+        let counts = (r.prompt_len, r.cached_prompt, r.generated);
         let _ = r.job.events.send(finished(reason, counts, r.stops.matched(), r.started, r.first_token));
     }
 }

@@ -1,28 +1,34 @@
 //! The KV policy in the serving path, through the whole plugin: SmolLM2 with a KV budget of
 //! one f16 context (2048 tokens) and three concurrent requests, any two of which need more
-//! than that. With the dynamic policy all three run whole (their blocks go to int8 / int4 as the
-//! budget fills); with the baseline policy the same budget ends one early. A refused policy
+//! than that. With the dynamic policy all three run at once (their blocks go to int8 / int4 as
+//! the budget fills); with the baseline policy the same budget preempts the newest, which
+//! resumes once there is room and answers as it would have with room to spare. A refused policy
 //! change names its field and leaves the running policy as it was. A policy raised mid-request
 //! brings the blocks back to f16 from their copies; under the baseline, copies that only the
 //! prefix cache holds cost no policy pass until a request reuses their blocks.
 
 use crate::support::{cached_model, instance, plugin, spec};
-use llmr_engine_host::{EngineInstance, InferParams, InferResult, Sampling};
+use llmr_engine_host::{EngineInstance, FinishReason, InferParams, InferResult, Sampling};
 use serde_json::{json, Value};
 
 const MAX_TOKENS: u32 = 48;
 
 fn load(policy: Value) -> EngineInstance {
+    // SmolLM2: 30 layers x 3 KV heads x 64 dims, f16 keys and values: 45 MiB per 2048 tokens.
+    load_with(json!({"kv_policy": policy, "kv_budget_mib": 45}))
+}
+
+fn load_with(options: Value) -> EngineInstance {
     let e = instance(&plugin(), 3);
     let mut s = spec("smollm2", &cached_model("smollm2-hf"));
-    // SmolLM2: 30 layers x 3 KV heads x 64 dims, f16 keys and values: 45 MiB per 2048 tokens.
-    s.options = Some(json!({"kv_policy": policy, "kv_budget_mib": 45}));
+    s.options = Some(options);
     e.load_model(&s).unwrap();
     e
 }
 
-/// Three ~1200-token passages of Hamlet, each asked to go on, all at once.
-fn serve_three(e: &EngineInstance) -> Vec<InferResult> {
+/// Three ~1200-token passages of Hamlet, each asked to go on, all at once: their answers and
+/// results.
+fn serve_three(e: &EngineInstance) -> Vec<(String, InferResult)> {
     let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
     let passages: Vec<String> =
         (0..3).map(|i| text.chars().skip(20_000 + i * 5_000).take(4_800).collect::<String>()).collect();
@@ -34,7 +40,14 @@ fn serve_three(e: &EngineInstance) -> Vec<InferResult> {
                 s.spawn(move || {
                     let sampling = Sampling { max_tokens: Some(MAX_TOKENS), ..Sampling::greedy() };
                     let params = InferParams { ignore_eos: true, ..InferParams::new(i as u64, "smollm2", p, sampling) };
-                    e.infer(&params, |_| true).unwrap()
+                    let mut text = String::new();
+                    let result = e
+                        .infer(&params, |t| {
+                            text.push_str(&t.text);
+                            true
+                        })
+                        .unwrap();
+                    (text, result)
                 })
             })
             .collect();
@@ -51,8 +64,8 @@ fn the_dynamic_policy_fits_three_long_requests_in_one_contexts_budget() {
     let e = load(json!({"mode": "dynamic", "profile": "balanced"}));
     let results = serve_three(&e);
     // Any two of them need more than the budget in f16.
-    assert!(results.iter().all(|r| r.prompt_tokens > 1100), "{results:?}");
-    for r in &results {
+    assert!(results.iter().all(|(_, r)| r.prompt_tokens > 1100), "{results:?}");
+    for (_, r) in &results {
         assert_eq!(r.completion_tokens, MAX_TOKENS, "every request runs whole: {results:?}");
     }
     let m = model_metrics(&e);
@@ -60,12 +73,28 @@ fn the_dynamic_policy_fits_three_long_requests_in_one_contexts_budget() {
     assert!(m["policy_blocks_changed_total"].as_u64().unwrap() > 0, "{m}");
     assert!(m["kv_bytes"].as_u64().unwrap() <= m["kv_budget_bytes"].as_u64().unwrap(), "{m}");
     assert_eq!(m["policy_errors_total"], 0);
+    assert_eq!(m["preemptions_total"], 0, "the policy made room for all three at once");
+}
 
-    // The baseline under the same budget cannot hold the three: one ends early.
+#[test]
+fn the_baseline_preempts_for_room_and_every_answer_comes_whole_and_unchanged() {
+    // Room to spare: the three answers as they are.
+    let roomy = serve_three(&load_with(json!({})));
+    // The baseline under a budget of one f16 context cannot hold the three at once: the newest
+    // steps aside and comes back, reading again what the prefix index no longer holds.
     let baseline = load(json!({}));
     let results = serve_three(&baseline);
-    assert!(results.iter().any(|r| r.completion_tokens < MAX_TOKENS), "{results:?}");
-    assert_eq!(model_metrics(&baseline)["policy_blocks_changed_total"], 0);
+    let m = model_metrics(&baseline);
+    eprintln!("{m:#}");
+    assert!(m["preemptions_total"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["policy_blocks_changed_total"], 0);
+    for ((text, r), (roomy_text, roomy_r)) in results.iter().zip(&roomy) {
+        assert_eq!(r.completion_tokens, MAX_TOKENS, "no answer is cut for room: {results:?}");
+        assert_eq!((r.prompt_tokens, r.finish_reason), (roomy_r.prompt_tokens, roomy_r.finish_reason));
+        assert_eq!(text, roomy_text, "a preempted answer goes on as it would have");
+    }
+    assert_eq!(m["slots_busy"], 0);
+    assert_eq!(m["queued"], 0);
 }
 
 #[test]
@@ -219,4 +248,58 @@ fn the_baseline_promotes_cached_blocks_only_when_a_request_reuses_them() {
     assert_eq!(other["policy_blocks_promoted_total"], 0);
     let again = serve(&passage(20_000));
     assert!(again["policy_blocks_promoted_total"].as_u64().unwrap() > 0, "reused blocks come back up: {again}");
+}
+
+/// Requests cancelled while one of them waits preempted all end as cancelled, and leave no
+/// sequence, queue entry or held block behind: the next request runs as on a fresh engine.
+#[test]
+fn cancelling_while_a_request_waits_preempted_leaves_nothing_behind() {
+    let e = load(json!({}));
+    let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let passages: Vec<String> =
+        (0..3).map(|i| text.chars().skip(40_000 + i * 5_000).take(4_800).collect::<String>()).collect();
+    let ids = [7001u64, 7002, 7003];
+    let results: Vec<InferResult> = std::thread::scope(|s| {
+        let handles: Vec<_> = passages
+            .iter()
+            .zip(ids)
+            .map(|(p, id)| {
+                let e = &e;
+                s.spawn(move || {
+                    // Long enough that they are still running when the watcher cancels them.
+                    let sampling = Sampling { max_tokens: Some(600), ..Sampling::greedy() };
+                    let params = InferParams { ignore_eos: true, ..InferParams::new(id, "smollm2", p, sampling) };
+                    e.infer(&params, |_| true).unwrap()
+                })
+            })
+            .collect();
+        // Once a request waits preempted, cancel all three.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        loop {
+            let m = model_metrics(&e);
+            if m["preemptions_total"].as_u64().unwrap() > 0 && m["queued"].as_u64().unwrap() > 0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no request was preempted: {m}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for id in ids {
+            e.cancel(id).unwrap();
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results {
+        assert_eq!(r.finish_reason, FinishReason::Cancelled, "{results:?}");
+        assert!(r.completion_tokens < 600, "{results:?}");
+    }
+    let m = model_metrics(&e);
+    assert_eq!(
+        (m["slots_busy"].as_u64(), m["queued"].as_u64(), m["kv_blocks_used"].as_u64()),
+        (Some(0), Some(0), Some(0)),
+        "{m}"
+    );
+    // The engine goes on.
+    let sampling = Sampling { max_tokens: Some(8), ..Sampling::greedy() };
+    let r = e.infer(&InferParams::new(7004, "smollm2", "The capital of France is", sampling), |_| true).unwrap();
+    assert_eq!(r.completion_tokens, 8);
 }
