@@ -236,7 +236,12 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>, free_te
     let mut rates = Vec::new();
     let mut generated = Vec::new();
     let before = mask_counters(engine)?;
+    let (mut shifts_before, mut gaps_ms) = (0, Vec::new());
     for rep in 0..args.reps + 1 {
+        if rep == 1 {
+            // The timed rounds' shifts only.
+            shifts_before = model_counter(engine, "kv_shifts_total")?;
+        }
         let prompt = if free_text {
             format!("{rep}. Once upon a time, in a quiet village by the sea,")
         } else {
@@ -248,7 +253,11 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>, free_te
         p.sampling.constraint = constraint.cloned();
         p.sampling.speculative = false;
         p.ignore_eos = !free_text;
-        let r = engine.infer(&p, |_| true)?;
+        let mut times = Vec::with_capacity(args.tg as usize + 1);
+        let r = engine.infer(&p, |t| {
+            times.push(t.timestamp_ns);
+            true
+        })?;
         if r.finish_reason != FinishReason::Length && (!free_text || r.completion_tokens < 17) {
             bail!("tg run ended early: {:?} after {} tokens", r.finish_reason, r.completion_tokens);
         }
@@ -256,13 +265,23 @@ fn run_tg(engine: &Engine, args: &Args, constraint: Option<&Constraint>, free_te
             // The first token comes from the prompt step; the rest are single-token decodes.
             rates.push((r.completion_tokens - 1) as f64 / (r.generation_ns as f64 / 1e9));
             generated.push(r.completion_tokens);
+            gaps_ms.extend(times.windows(2).map(|w| w[1].saturating_sub(w[0]) as f64 / 1e6));
         }
     }
+    // The time between tokens: its median, and its slowest steps (the steps that paid for a
+    // context shift, where the engine shifts: one per shift).
+    let shifts = model_counter(engine, "kv_shifts_total")? - shifts_before;
+    gaps_ms.sort_by(f64::total_cmp);
+    let step_ms = serde_json::json!({
+        "median": gaps_ms.get(gaps_ms.len() / 2),
+        "slowest": gaps_ms.iter().rev().take((shifts as usize).clamp(1, 32)).collect::<Vec<_>>(),
+        "kv_shifts": shifts,
+    });
     let after = mask_counters(engine)?;
     let masked = after.0 - before.0;
     let mask_ms = (masked > 0.0).then(|| (after.1 - before.1) * 1e3 / masked);
     Ok(serde_json::json!({ "n_gen": args.tg, "tokens_per_s": median(rates.clone()), "samples": rates,
-        "generated": generated, "mask_ms_per_token": mask_ms }))
+        "generated": generated, "mask_ms_per_token": mask_ms, "step_ms": step_ms }))
 }
 
 /// `run` for every prompt, each on a thread of its own, all at once; the results in prompt order.
