@@ -131,7 +131,7 @@ impl ControlState {
                 "policy_blocks_changed_total": figures.get("policy_blocks_changed_total"),
                 "policy_blocks_promoted_total": figures.get("policy_blocks_promoted_total"),
                 "policy_errors_total": figures.get("policy_errors_total"),
-                // Sequences the engine set aside for room (native engine): pressure the policy
+                // Sequences the engine set aside for room: pressure the policy
                 // did not absorb.
                 "preemptions_total": figures.get("preemptions_total"),
                 "delta_ppl_est": figures.get("delta_ppl_est"),

@@ -130,10 +130,7 @@ fn describe() {
         "KV positions in use at each storage level (L0 f16, L1 int8, L2 int4, L3 evicted), by model"
     );
     metrics::describe_gauge!(KV_POLICY_ERRORS, "Failures of the KV policy (each put the baseline back), by model");
-    metrics::describe_gauge!(
-        KV_PREEMPTIONS,
-        "Sequences set aside for KV room, to resume when there is some (native engine), by model"
-    );
+    metrics::describe_gauge!(KV_PREEMPTIONS, "Sequences set aside for KV room, to resume when there is some, by model");
     metrics::describe_gauge!(
         KV_DELTA_PPL_EST,
         "Estimated relative perplexity increase (percent) of the KV cache as it is stored now, by model with a calibration table"

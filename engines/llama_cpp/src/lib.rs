@@ -298,6 +298,7 @@ impl Engine for LlamaCppEngine {
             return Err(EngineError::load_failed(format!("model '{}' is already loaded", desc.model_id)));
         }
         let started = Instant::now();
+        let kv_cells = desc.options.get("kv_cells").map(settings::parse_kv_cells).transpose()?;
         let model = Arc::new(model::load(&desc.primary_file, self.gpu_layers(), Some(self.config.device_id))?);
         let meta = model::read_meta(&model, &desc.primary_file);
         let defaults = *self.defaults.lock().unwrap();
@@ -325,6 +326,7 @@ impl Engine for LlamaCppEngine {
             threads: defaults.threads.unwrap_or_else(|| self.threads()),
             kv_type: policy.and_then(|p| p.kv_type).or(defaults.kv_type).unwrap_or(KvType::F16),
             swa_full: defaults.swa_full,
+            kv_cells,
         };
         let stats = Arc::new(Stats::default());
         let scheduler = if meta.is_encoder {
@@ -506,6 +508,8 @@ impl Engine for LlamaCppEngine {
                     "kv_eviction": m.eviction.lock().unwrap().map(|e| serde_json::json!({"sink_tokens": e.sinks, "recent_window": e.window})),
                     "kv_shifts_total": get(&s.kv_shifts_total),
                     "kv_evicted_total": get(&s.kv_evicted_total),
+                    // Sequences set aside when the cells ran out, to resume later.
+                    "preemptions_total": get(&s.preemptions_total),
                     "prefix_cache_bytes": get(&s.prefix_cache_bytes),
                     "prefix_cache_entries": get(&s.prefix_cache_entries),
                     "prefix_cache_saved_total": get(&s.prefix_cache_saved_total),

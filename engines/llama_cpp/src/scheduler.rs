@@ -9,7 +9,11 @@
 //! unified cache every sequence attends over the cells of all (masked), which cost 25-35% of
 //! decode speed at 8 sequences of a few hundred tokens in profiles (`bench/RESULTS.md`: 23% of
 //! the time in `ggml_vec_dot_f16` against 6% for llama-batched-bench, which keeps streams apart).
-//! Past the budget the cache stays unified, so that its cells go where the tokens are.
+//! Past the budget the cache stays unified, so that its cells go where the tokens are. When its
+//! cells run out, idle caches leave first (saved to host memory); then the sequence that started
+//! last is preempted (vLLM's order): its cache is saved like an idle one, it keeps its sampler,
+//! text and stop state, and it comes back before any new request once the cells are there,
+//! restoring its cache or reading again what it had read. Its stream only pauses.
 //! A new request starts from the longest token prefix any slot holds (shared by `seq_cp`:
 //! metadata only in a unified cache, a copy of the whole stream between separate ones), or that
 //! host memory saved from an idle slot (`prefixes.rs`), so shared system prompts are processed
@@ -115,13 +119,21 @@ pub struct Stats {
     pub kv_evicted: AtomicU64,
     pub kv_shifts_total: AtomicU64,
     pub kv_evicted_total: AtomicU64,
+    /// Sequences set aside for cells (`Scheduler::preempt`).
+    pub preemptions_total: AtomicU64,
 }
 
 struct Active {
     job: Job,
-    /// Next prompt token to feed; == job.tokens.len() once the prompt is in the cache.
+    /// What it reads before it samples: its prompt, or after a preemption every token its cache
+    /// held (then the token it had sampled follows as a decode token).
+    feed: Vec<LlamaToken>,
+    /// Next token of `feed` to read; == feed.len() once it is in the cache.
     next_prompt: usize,
+    prompt_len: usize,
     cached_prompt: usize,
+    /// Tokens of `feed` its slot held when it was (re)admitted.
+    attached: usize,
     sampler: TokenSampler,
     /// Sampled but not yet fed to the model.
     pending: Option<LlamaToken>,
@@ -136,6 +148,13 @@ struct Active {
     piece: Vec<u8>,
     started: Instant,
     first_token: Option<Instant>,
+}
+
+impl Active {
+    /// Whether it still reads its feed (and samples only from its end).
+    fn reading(&self) -> bool {
+        self.next_prompt < self.feed.len()
+    }
 }
 
 /// What drawing one token led to.
@@ -182,6 +201,11 @@ pub struct Scheduler<'m> {
     settings: ContextSettings,
     step: StepSettings,
     slots: Vec<Slot>,
+    /// Preempted sequences, oldest first: they run again before any queued request.
+    preempted: VecDeque<Active>,
+    /// A sequence finished since the last preemption: only then (or with nothing running) may
+    /// a preempted one come back, so that a preemption always lets the others go on.
+    finished_since_preempt: bool,
     queue: VecDeque<Job>,
     batch: LlamaBatch<'static>,
     pending_changes: Vec<Change>,
@@ -198,20 +222,16 @@ pub struct Scheduler<'m> {
     shiftable: bool,
 }
 
-/// Most KV cells a context gets unless one sequence needs more: `slots x ctx_per_seq` cells of a
-/// 32k model would reserve gigabytes nobody asked for; when the cells run out, idle caches go
-/// first (`make_room`).
-const MAX_TOTAL_CELLS: u32 = 32768;
-
-/// KV cells of the context, over all sequences.
+/// KV cells of the context, over all sequences: `slots x ctx_per_seq`, or the cell budget
+/// (`ContextSettings::cell_budget`) where that is less, but never less than one sequence's.
 pub fn total_cells(s: &ContextSettings) -> u32 {
-    s.ctx_per_seq.saturating_mul(s.slots).min(s.ctx_per_seq.max(MAX_TOTAL_CELLS))
+    s.ctx_per_seq.saturating_mul(s.slots).min(s.ctx_per_seq.max(s.cell_budget()))
 }
 
 /// Whether every sequence gets a stream of `ctx_per_seq` cells (`kv_unified` off): when they all
 /// fit the budget, so the context holds the same cells either way.
 pub fn separate_streams(s: &ContextSettings) -> bool {
-    s.slots > 1 && s.ctx_per_seq.saturating_mul(s.slots) <= s.ctx_per_seq.max(MAX_TOTAL_CELLS)
+    s.slots > 1 && s.ctx_per_seq.saturating_mul(s.slots) <= s.ctx_per_seq.max(s.cell_budget())
 }
 
 pub fn context_params(s: &ContextSettings) -> LlamaContextParams {
@@ -277,6 +297,8 @@ pub fn run(
         settings,
         step,
         slots: Vec::new(),
+        preempted: VecDeque::new(),
+        finished_since_preempt: true,
         queue: VecDeque::new(),
         batch: LlamaBatch::new(0, 1),
         pending_changes: Vec::new(),
@@ -322,7 +344,7 @@ impl<'m> Scheduler<'m> {
     }
 
     fn busy(&self) -> bool {
-        self.slots.iter().any(|s| s.active.is_some()) || !self.queue.is_empty()
+        self.slots.iter().any(|s| s.active.is_some()) || !self.preempted.is_empty() || !self.queue.is_empty()
     }
 
     fn run_loop(&mut self, commands: Receiver<Command>) {
@@ -349,7 +371,7 @@ impl<'m> Scheduler<'m> {
                 self.apply_changes();
             }
             self.admit();
-            self.stats.queued.store(self.queue.len() as u64, Ordering::Relaxed);
+            self.stats.queued.store((self.queue.len() + self.preempted.len()) as u64, Ordering::Relaxed);
             if self.slots.iter().any(|s| s.active.is_some()) {
                 self.step_once();
             }
@@ -414,6 +436,9 @@ impl<'m> Scheduler<'m> {
                 for i in idx {
                     self.finish(i, FinishReason::Cancelled);
                 }
+                for a in std::mem::take(&mut self.preempted) {
+                    self.report_finish(a, FinishReason::Cancelled);
+                }
                 false
             }
         }
@@ -466,40 +491,66 @@ impl<'m> Scheduler<'m> {
         for i in idx {
             self.finish(i, FinishReason::Cancelled);
         }
-        self.queue.retain(|job| {
-            let cancelled = job.cancel.load(Ordering::SeqCst);
-            if cancelled {
-                let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
-            }
-            !cancelled
-        });
+        let cancel = |job: &Job| job.cancel.load(Ordering::SeqCst);
+        let (preempted, kept): (VecDeque<Active>, _) =
+            std::mem::take(&mut self.preempted).into_iter().partition(|a| cancel(&a.job));
+        self.preempted = kept;
+        let (queued, kept): (VecDeque<Job>, _) = std::mem::take(&mut self.queue).into_iter().partition(cancel);
+        self.queue = kept;
+        // Counters first: the requester may read metrics as soon as it gets its end.
+        self.stats.queued.store((self.queue.len() + self.preempted.len()) as u64, Ordering::Relaxed);
+        for a in preempted {
+            self.report_finish(a, FinishReason::Cancelled);
+        }
+        for job in queued {
+            let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
+        }
     }
 
-    /// Moves queued jobs into free slots, reusing the longest cached prefix.
+    /// Moves preempted sequences, then queued jobs, into free slots, reusing the longest cached
+    /// prefix.
     fn admit(&mut self) {
-        while let Some(target) = self.free_slot_for(self.queue.front().map(|j| &j.tokens[..])) {
+        // Preempted sequences come back first, oldest first: when nothing runs, or once a
+        // sequence finished and the cells the running ones leave hold what they had and 16 more
+        // for each running sequence (with less, the next full cache would preempt them again).
+        // New requests wait behind them.
+        while let Some(front) = self.preempted.front() {
+            let running: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_some()).collect();
+            let held: usize = running.iter().map(|&i| self.slots[i].cached.len()).sum();
+            let free = (total_cells(&self.settings) as usize).saturating_sub(held);
+            if !running.is_empty() && (!self.finished_since_preempt || free < front.feed.len() + 16 * running.len()) {
+                break;
+            }
+            let Some(target) = self.free_slot_for(Some(&front.feed)) else { break };
+            let mut a = self.preempted.pop_front().expect("checked above");
+            let reused = self.take_slot(target, &a.feed);
+            (a.next_prompt, a.attached) = (reused, reused);
+            self.logger.debug(&format!(
+                "request {} resumes: {} of {} tokens in the cache",
+                a.job.request_id,
+                reused,
+                a.feed.len()
+            ));
+            self.slots[target].active = Some(a);
+        }
+        while let Some(target) =
+            self.free_slot_for(self.queue.front().filter(|_| self.preempted.is_empty()).map(|j| &j.tokens[..]))
+        {
             let mut job = self.queue.pop_front().expect("checked by free_slot_for");
-            if common_prefix(self.slots[target].prefix(), &job.tokens) < self.slots[target].cached.len() {
-                // The part of the target's cache this job does not share is about to go.
-                self.save(target);
-            }
-            let reused = self.reuse_prefix(target, &job.tokens);
-            // In a unified cache every other idle cache leaves now (saved first), so later
-            // batches do not attend over it and its cells are free for the new work. With saving
-            // off, or in streams of their own (which no one else attends over), idle caches stay
-            // in place, to be reused or overwritten.
-            if self.saved.enabled() && !separate_streams(&self.settings) {
-                self.drop_idle(Some(target));
-            }
+            let feed = std::mem::take(&mut job.tokens);
+            let reused = self.take_slot(target, &feed);
             let sampler = TokenSampler::new(&job.sampling, self.model.n_vocab(), job.mask.take());
             let stops = StopMatcher::new(job.sampling.stop.iter().cloned());
             let draft_max = if job.sampling.speculative && self.can_speculate() { self.step.draft_max } else { 0 };
             let spec = Speculator::new(DraftSettings { max: draft_max as usize, ..DraftSettings::DEFAULT });
-            self.stats.prompt_tokens_total.fetch_add(job.tokens.len() as u64, Ordering::Relaxed);
+            self.stats.prompt_tokens_total.fetch_add(feed.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
             self.slots[target].active = Some(Active {
                 next_prompt: reused,
+                prompt_len: feed.len(),
+                feed,
                 cached_prompt: reused,
+                attached: reused,
                 sampler,
                 pending: None,
                 drafted: Vec::new(),
@@ -518,6 +569,24 @@ impl<'m> Scheduler<'m> {
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
     }
 
+    /// Prepares free slot `target` for a sequence that reads `tokens`; returns how many of them
+    /// its cache holds already.
+    fn take_slot(&mut self, target: usize, tokens: &[LlamaToken]) -> usize {
+        if common_prefix(self.slots[target].prefix(), tokens) < self.slots[target].cached.len() {
+            // The part of the target's cache this job does not share is about to go.
+            self.save(target);
+        }
+        let reused = self.reuse_prefix(target, tokens);
+        // In a unified cache every other idle cache leaves now (saved first), so later
+        // batches do not attend over it and its cells are free for the new work. With saving
+        // off, or in streams of their own (which no one else attends over), idle caches stay
+        // in place, to be reused or overwritten.
+        if self.saved.enabled() && !separate_streams(&self.settings) {
+            self.drop_idle(Some(target));
+        }
+        reused
+    }
+
     /// Whether this model's cache can drop the tail of a sequence, which rejected drafts need
     /// (recurrent state cannot be rolled back).
     fn can_speculate(&self) -> bool {
@@ -532,7 +601,11 @@ impl<'m> Scheduler<'m> {
         let chunk = self.step.prefill_chunk as usize;
         let mut budget = chunk;
         let mut decoding = 0;
-        let generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some())).count();
+        let generating = self
+            .slots
+            .iter()
+            .filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_some() && !a.reading()))
+            .count();
         // Between separate KV streams llama.cpp splits a batch into ubatches holding the same
         // number of tokens of each sequence, so one sequence's draft would run as a forward pass
         // of its own (its fixed cost included): 8-14% slower at 4-8 sequences with drafts on a
@@ -548,6 +621,9 @@ impl<'m> Scheduler<'m> {
             let Some(a) = slot.active.as_mut() else { continue };
             a.batch_idx = None;
             a.drafted.clear();
+            if a.reading() {
+                continue;
+            }
             if let Some(tok) = a.pending.take() {
                 self.batch.add(tok, slot.cached.len() as i32, &[slot.seq], true).expect("batch sized for every slot");
                 slot.cached.push(tok);
@@ -571,9 +647,8 @@ impl<'m> Scheduler<'m> {
         // paced while others generate (`llmr_sampling::Pacer`); a shorter one joins whole, as
         // before.
         let mut paced = self.pacer.budget(decoding, chunk, self.step.prefill_stall);
-        let mut order: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].active.as_ref().is_some_and(|a| a.next_prompt < a.job.tokens.len()))
-            .collect();
+        let mut order: Vec<usize> =
+            (0..self.slots.len()).filter(|&i| self.slots[i].active.as_ref().is_some_and(Active::reading)).collect();
         order.sort_by_key(|&i| self.slots[i].active.as_ref().map(|a| a.started));
         for i in order {
             if budget == 0 {
@@ -581,18 +656,19 @@ impl<'m> Scheduler<'m> {
             }
             let slot = &mut self.slots[i];
             let a = slot.active.as_mut().expect("filtered above");
-            let long = a.job.tokens.len() - a.cached_prompt > chunk;
+            let long = a.feed.len() - a.attached > chunk;
             let allowed = if long { budget.min(paced) } else { budget };
             if allowed == 0 {
                 continue;
             }
-            let end = (a.next_prompt + allowed).min(a.job.tokens.len());
+            let end = (a.next_prompt + allowed).min(a.feed.len());
             for p in a.next_prompt..end {
-                let last = p + 1 == a.job.tokens.len();
+                // A preempted sequence reads again without logits: it had sampled already.
+                let last = p + 1 == a.feed.len() && a.pending.is_none();
                 self.batch
-                    .add(a.job.tokens[p], slot.cached.len() as i32, &[slot.seq], last)
+                    .add(a.feed[p], slot.cached.len() as i32, &[slot.seq], last)
                     .expect("batch sized for the chunk");
-                slot.cached.push(a.job.tokens[p]);
+                slot.cached.push(a.feed[p]);
                 if last {
                     a.batch_idx = Some(n);
                 }
@@ -660,7 +736,7 @@ impl<'m> Scheduler<'m> {
             let read = self.slots[i]
                 .active
                 .as_ref()
-                .is_some_and(|a| snap.next_prompt < a.job.tokens.len() && a.next_prompt == a.job.tokens.len());
+                .is_some_and(|a| snap.next_prompt < a.feed.len() && a.next_prompt == a.feed.len());
             if read {
                 self.checkpoint(i);
             }
@@ -748,19 +824,60 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// The KV cache is full: save and drop idle caches first, then end the longest running
-    /// sequence.
+    /// The KV cache is full: save and drop idle caches first, then preempt the sequence that
+    /// started last. A lone sequence always fits (the context holds one whole); if one does not,
+    /// it ends with `length`.
     fn make_room(&mut self) {
         if self.drop_idle(None) {
             return;
         }
-        if let Some(i) = (0..self.slots.len())
-            .filter(|&i| self.slots[i].active.is_some())
-            .max_by_key(|&i| self.slots[i].cached.len())
-        {
-            self.logger.warn("KV cache full: ending the longest sequence with finish_reason length");
-            self.finish(i, FinishReason::Length);
+        let running: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].active.is_some()).collect();
+        let newest = running.iter().copied().max_by_key(|&i| self.slots[i].active.as_ref().map(|a| a.started));
+        match (newest, running.len()) {
+            (Some(i), 1) => {
+                self.logger.warn("KV cache full with one sequence: ending it with finish_reason length");
+                self.finish(i, FinishReason::Length);
+            }
+            (Some(i), _) => self.preempt(i),
+            (None, _) => {}
         }
+    }
+
+    /// Sets slot `i`'s sequence aside: what its cache held becomes what it reads when it comes
+    /// back (`admit`), and the cache itself is saved to host memory as an idle one is, then
+    /// leaves the KV cache.
+    fn preempt(&mut self, i: usize) {
+        let steps = self.steps;
+        let slot = &mut self.slots[i];
+        let Some(mut a) = slot.active.take() else { return };
+        if !a.reading() {
+            a.feed = slot.cached.clone();
+        }
+        a.next_prompt = 0;
+        slot.last_used = steps;
+        // What moved over an evicted gap is no one's prefix: only the part before it is saved.
+        if let Some(m) = slot.moved_from.take() {
+            if self.ctx.kv_cache_seq_rm(slot.seq, Some(m as u32), None).is_ok() {
+                slot.cached.truncate(m);
+            } else {
+                slot.cached.clear();
+            }
+        }
+        slot.evicted = 0;
+        self.save(i);
+        self.clear_slot(i);
+        self.publish_evicted();
+        self.finished_since_preempt = false;
+        self.stats.preemptions_total.fetch_add(1, Ordering::Relaxed);
+        self.logger.info(&format!(
+            "KV cache full: request {} preempted after {} tokens; it resumes when there are cells",
+            a.job.request_id,
+            a.feed.len()
+        ));
+        let at = self.preempted.partition_point(|p| p.started <= a.started);
+        self.preempted.insert(at, a);
+        let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
+        self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
     }
 
     /// Samples the slot's next token from output `idx`, then, while it equals the next draft
@@ -876,6 +993,7 @@ impl<'m> Scheduler<'m> {
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.take() else { return };
         slot.last_used = steps;
+        self.finished_since_preempt = true;
         // What moved over an evicted gap is of no use to another request.
         if let Some(m) = slot.moved_from.take() {
             if self.ctx.kv_cache_seq_rm(slot.seq, Some(m as u32), None).is_ok() {
@@ -890,14 +1008,16 @@ impl<'m> Scheduler<'m> {
         // Counters first: the requester may read metrics as soon as it gets Done.
         let busy = self.slots.iter().filter(|s| s.active.is_some()).count();
         self.stats.slots_busy.store(busy as u64, Ordering::Relaxed);
+        self.report_finish(a, reason);
+    }
+
+    /// Sends the end of a sequence that holds no slot any more.
+    fn report_finish(&self, a: Active, reason: FinishReason) {
         self.logger.debug(&format!(
             "request {} finished ({reason:?}): {} prompt ({} cached), {} generated",
-            a.job.request_id,
-            a.job.tokens.len(),
-            a.cached_prompt,
-            a.generated
+            a.job.request_id, a.prompt_len, a.cached_prompt, a.generated
         ));
-        let counts = (a.job.tokens.len(), a.cached_prompt, a.generated);
+        let counts = (a.prompt_len, a.cached_prompt, a.generated);
         let _ = a.job.events.send(finished(reason, counts, a.stops.matched(), a.started, a.first_token));
     }
 
@@ -905,6 +1025,7 @@ impl<'m> Scheduler<'m> {
         if let Some(a) = self.slots[i].active.take() {
             let _ = a.job.events.send(Event::Failed(err));
         }
+        self.finished_since_preempt = true;
         self.clear_slot(i);
         self.slots[i].evicted = 0;
         self.publish_evicted();

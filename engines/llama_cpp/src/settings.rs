@@ -17,6 +17,21 @@ pub struct ContextSettings {
     /// instead of each sequence's window plus a batch; a follow-up turn then never needs a
     /// checkpoint, at several times the memory for models whose layers are mostly sliding.
     pub swa_full: bool,
+    /// Most KV cells the context gets over all sequences unless one needs more (the `kv_cells`
+    /// load option, llama-server's total `-c`); `None`: `DEFAULT_CELL_BUDGET`.
+    pub kv_cells: Option<u32>,
+}
+
+/// The cell budget unless a model sets one: `slots x ctx_per_seq` cells of a 32k model would
+/// reserve gigabytes nobody asked for. Past it the cache is one unified pool the sequences share
+/// (`scheduler::separate_streams`), and when its cells run out, idle caches leave first, then the
+/// newest sequence is preempted (`Scheduler::make_room`).
+pub const DEFAULT_CELL_BUDGET: u32 = 32768;
+
+impl ContextSettings {
+    pub fn cell_budget(&self) -> u32 {
+        self.kv_cells.unwrap_or(DEFAULT_CELL_BUDGET)
+    }
 }
 
 /// Settings read at every step (no rebuild).
@@ -234,6 +249,15 @@ pub fn parse_prefix_cache_mib(value: &serde_json::Value) -> Result<u32, EngineEr
         .ok_or_else(|| unsupported(format!("`prefix_cache_mib` takes an integer from 0 to 1048576, got {value}")))
 }
 
+/// `kv_cells` (a load option): the context's KV cells over all sequences, 16 to 2^24.
+pub fn parse_kv_cells(value: &serde_json::Value) -> Result<u32, EngineError> {
+    value
+        .as_u64()
+        .filter(|v| (16..=1 << 24).contains(v))
+        .map(|v| v as u32)
+        .ok_or_else(|| unsupported(format!("`kv_cells` takes an integer from 16 to 16777216, got {value}")))
+}
+
 /// `speculative_draft_max`: 0 (off) to 32 draft tokens per sequence and step.
 pub fn parse_draft_max(value: &serde_json::Value) -> Result<u32, EngineError> {
     value
@@ -277,6 +301,31 @@ mod tests {
             let e = parse_change(key, &bad).unwrap_err();
             assert!(e.message.contains(key), "{}", e.message);
         }
+    }
+
+    #[test]
+    fn the_cell_budget_takes_a_count_of_cells() {
+        use crate::scheduler::{separate_streams, total_cells};
+        assert_eq!(parse_kv_cells(&json!(16)).unwrap(), 16);
+        assert_eq!(parse_kv_cells(&json!(65536)).unwrap(), 65536);
+        for bad in [json!(0), json!(15), json!(-3), json!(1 << 25), json!("512"), json!(512.5)] {
+            assert!(parse_kv_cells(&bad).unwrap_err().message.contains("`kv_cells`"), "{bad}");
+        }
+        let s = ContextSettings {
+            slots: 4,
+            ctx_per_seq: 1024,
+            threads: 1,
+            kv_type: KvType::F16,
+            swa_full: false,
+            kv_cells: Some(2048),
+        };
+        // 4 x 1024 cells do not fit 2048: one unified cache of 2048; without the option they fit.
+        assert_eq!((total_cells(&s), separate_streams(&s)), (2048, false));
+        let default = ContextSettings { kv_cells: None, ..s };
+        assert_eq!((total_cells(&default), separate_streams(&default)), (4096, true));
+        // Never less than one sequence's context.
+        let small = ContextSettings { kv_cells: Some(100), ..s };
+        assert_eq!(total_cells(&small), 1024);
     }
 
     #[test]

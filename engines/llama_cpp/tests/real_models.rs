@@ -1193,3 +1193,76 @@ fn running_sequences_are_kept_on_consecutive_slots() {
         assert_eq!(runs1 - runs0, steps1 - steps0, "forward passes per step while both run");
     });
 }
+
+/// One unified cache of fewer cells than three sequences need (`kv_cells`): when the cells run
+/// out, the sequence that started last is preempted (its cache saved to host memory) and comes
+/// back once the others leave room, its cache restored. Every answer comes whole and on its
+/// topic, and nothing is left behind. (llama.cpp is not batch-invariant: the same greedy
+/// request may read differently beside other sequences, so the answers are not compared with a
+/// roomier run's word for word.)
+#[test]
+fn a_full_unified_cache_preempts_the_newest_sequence_and_every_answer_comes_whole() {
+    const MAX: u32 = 200;
+    let load = |id: &str, cells: u32| {
+        let engine =
+            EngineInstance::create(&plugin(), &InstanceConfig { slots: 3, context_length: 512, ..Default::default() })
+                .unwrap();
+        let mut spec =
+            ModelSpec::new(id, Format::Gguf, model_path("smollm2-135m-instruct-q4_1.gguf").display().to_string());
+        spec.options = Some(serde_json::json!({ "kv_cells": cells }));
+        engine.load_model(&spec).unwrap();
+        engine
+    };
+    let topics = ["the history of the printing press", "how bridges carry their load", "the life cycle of stars"];
+    let keywords = ["print", "bridge", "star"];
+    let prompts: Vec<String> = topics
+        .iter()
+        .map(|t| {
+            let context = format!("Write a long and detailed essay about {t}. ").repeat(16);
+            format!("<|im_start|>user\n{context}<|im_end|>\n<|im_start|>assistant\n")
+        })
+        .collect();
+    let serve = |engine: &EngineInstance, id: &str| -> Vec<(String, llmr_engine_host::InferResult)> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    s.spawn(move || {
+                        let mut params = greedy_on(id, 900 + i as u64, p, MAX);
+                        params.ignore_eos = true;
+                        let (text, _, res) = generate_on(engine, &params);
+                        (text, res)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    // 1,200 cells hold the three (~170 prompt tokens + 200 each); 512 (one context) do not.
+    let roomy_engine = load("roomy", 1200);
+    let roomy = serve(&roomy_engine, "roomy");
+    assert_eq!(model_stats(&roomy_engine, "roomy")["preemptions_total"], 0);
+    let engine = load("tight", 512);
+    let stats = model_stats(&engine, "tight");
+    assert_eq!((stats["kv_cells_total"].as_u64(), stats["kv_separate_streams"].as_bool()), (Some(512), Some(false)));
+    let tight = serve(&engine, "tight");
+    let stats = model_stats(&engine, "tight");
+    eprintln!("{stats}");
+    assert!(tight.iter().all(|(_, r)| r.prompt_tokens > 150), "{tight:?}");
+    assert!(stats["preemptions_total"].as_u64() > Some(0), "{stats}");
+    assert!(stats["prefix_cache_restored_total"].as_u64() > Some(0), "a preempted cache came back: {stats}");
+    for (((text, res), (_, roomy_res)), keyword) in tight.iter().zip(&roomy).zip(keywords) {
+        assert_eq!((res.finish_reason, res.completion_tokens), (FinishReason::Length, MAX), "{tight:?}");
+        assert_eq!(res.prompt_tokens, roomy_res.prompt_tokens);
+        assert!(text.to_lowercase().contains(keyword), "{keyword}: {text:?}");
+    }
+    assert_eq!((stats["slots_busy"].as_u64(), stats["queued"].as_u64()), (Some(0), Some(0)), "{stats}");
+    // A bad cell budget is refused at load, naming the option.
+    let engine = EngineInstance::create(&plugin(), &InstanceConfig::default()).unwrap();
+    let mut spec =
+        ModelSpec::new("bad", Format::Gguf, model_path("smollm2-135m-instruct-q4_1.gguf").display().to_string());
+    spec.options = Some(serde_json::json!({ "kv_cells": -3 }));
+    let e = engine.load_model(&spec).unwrap_err();
+    assert!(e.to_string().contains("`kv_cells`"), "{e}");
+}

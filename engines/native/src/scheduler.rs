@@ -177,6 +177,9 @@ pub struct Scheduler {
     running: Vec<Running>,
     /// Preempted sequences, oldest first: they run again before any queued request.
     preempted: VecDeque<Running>,
+    /// A sequence ended since the last preemption: only then (or with nothing running) may a
+    /// preempted one come back, so that a preemption always lets the others go on.
+    ended_since_preempt: bool,
     queue: VecDeque<Job>,
     /// Embedding requests, oldest first; the first advances one chunk per turn.
     embeds: VecDeque<EmbedRun>,
@@ -216,6 +219,7 @@ impl Scheduler {
             settings,
             running: Vec::new(),
             preempted: VecDeque::new(),
+            ended_since_preempt: true,
             queue: VecDeque::new(),
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
@@ -316,29 +320,31 @@ impl Scheduler {
                 i += 1;
             }
         }
-        let (cancelled, kept): (VecDeque<Running>, VecDeque<Running>) =
-            std::mem::take(&mut self.preempted).into_iter().partition(|r| r.job.cancel.load(Ordering::SeqCst));
+        let cancel = |job: &Job| job.cancel.load(Ordering::SeqCst);
+        let (preempted, kept): (VecDeque<Running>, _) =
+            std::mem::take(&mut self.preempted).into_iter().partition(|r| cancel(&r.job));
         self.preempted = kept;
-        for r in cancelled {
+        let (queued, kept): (VecDeque<Job>, _) = std::mem::take(&mut self.queue).into_iter().partition(cancel);
+        self.queue = kept;
+        // Counters first: the requester may read metrics as soon as it gets its end.
+        self.stats.queued.store((self.queue.len() + self.preempted.len()) as u64, Ordering::Relaxed);
+        for r in preempted {
             self.report_finish(r, FinishReason::Cancelled);
         }
-        self.queue.retain(|job| {
-            let cancelled = job.cancel.load(Ordering::SeqCst);
-            if cancelled {
-                let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
-            }
-            !cancelled
-        });
+        for job in queued {
+            let _ = job.events.send(cancelled_in_queue(job.tokens.len()));
+        }
     }
 
     fn admit(&mut self) {
-        // Preempted sequences come back first, oldest first, once the pool can hold what they
-        // had and a block more for every running sequence (with less, the next full block
-        // would preempt them again); new requests wait behind them.
+        // Preempted sequences come back first, oldest first: when nothing runs, or once a
+        // sequence ended and the pool can hold what they had and a block more for every running
+        // sequence (with less, the next full block would preempt them again). New requests wait
+        // behind them.
         while self.running.len() < self.settings.slots {
             let Some(r) = self.preempted.front() else { break };
             let need = r.feed.len().div_ceil(BLOCK_TOKENS) + 1 + self.running.len();
-            if !self.running.is_empty() && self.pool.available() < need {
+            if !self.running.is_empty() && (!self.ended_since_preempt || self.pool.available() < need) {
                 break;
             }
             let mut r = self.preempted.pop_front().expect("checked");
@@ -688,6 +694,7 @@ impl Scheduler {
         let mut r = self.running.swap_remove(newest);
         self.pool.publish(&mut r.table, &r.tokens);
         self.pool.free_table(&mut r.table);
+        self.ended_since_preempt = false;
         if r.reading() {
             r.tokens.clear();
         } else {
@@ -723,6 +730,7 @@ impl Scheduler {
     fn fail(&mut self, i: usize, error: EngineError) {
         let mut r = self.running.swap_remove(i);
         self.pool.free_table(&mut r.table);
+        self.ended_since_preempt = true;
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.publish_kv_stats();
         self.logger.warn(&format!("request {} failed: {}", r.job.request_id, error.message));
@@ -732,6 +740,7 @@ impl Scheduler {
     fn finish(&mut self, i: usize, reason: FinishReason) {
         let mut r = self.running.swap_remove(i);
         self.pool.free_table(&mut r.table);
+        self.ended_since_preempt = true;
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.publish_kv_stats();
         self.report_finish(r, reason);
