@@ -282,7 +282,9 @@ pub fn run(
 ) {
     let ctx = match create_context(model, &settings) {
         Ok((ctx, kv_bytes)) => {
+            // Before `ready`: metrics read right after the load see the context's figures.
             stats.kv_bytes.store(kv_bytes, Ordering::Relaxed);
+            stats.kv_cells_total.store(u64::from(total_cells(&settings)), Ordering::Relaxed);
             ctx
         }
         Err(e) => {
