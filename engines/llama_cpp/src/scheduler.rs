@@ -12,8 +12,9 @@
 //! Past the budget the cache stays unified, so that its cells go where the tokens are. When its
 //! cells run out, idle caches leave first (saved to host memory); then the sequence that started
 //! last is preempted (vLLM's order): its cache is saved like an idle one, it keeps its sampler,
-//! text and stop state, and it comes back before any new request once the cells are there,
-//! restoring its cache or reading again what it had read. Its stream only pauses.
+//! text and stop state, and it comes back before any new request once another sequence ended
+//! and the cells are there (or nothing runs), restoring its cache or reading again what it had
+//! read. Its stream only pauses.
 //! A new request starts from the longest token prefix any slot holds (shared by `seq_cp`:
 //! metadata only in a unified cache, a copy of the whole stream between separate ones), or that
 //! host memory saved from an idle slot (`prefixes.rs`), so shared system prompts are processed

@@ -9,9 +9,9 @@
 //!
 //! When a decode token finds no room and the policy makes none, the sequence that started last
 //! is preempted (vLLM's order): its full blocks stay in the prefix index, its draws, text and
-//! place are kept, and it comes back before any new request once the pool has room, reading
-//! again only what the index no longer holds. No answer is cut short for room; only a lone
-//! sequence, which the budget always holds, could be.
+//! place are kept, and it comes back before any new request once another sequence ended and
+//! the pool has room (or nothing runs), reading again only what the index no longer holds. No
+//! answer is cut short for room; only a lone sequence, which the budget always holds, could be.
 //!
 //! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
 //! lower levels, and back up from their f16 copies (`kv_spill.rs`): every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
