@@ -2,9 +2,9 @@
 //! query heads (`heads / kv_heads` query heads read one key/value head). A task is a tile of up
 //! to 16 consecutive queries of one sequence (a prompt chunk; a decode token is a tile alone)
 //! and one key/value head: it widens each block's keys or values to f32 once for the whole
-//! tile, except that a decoding token's tile reads each block in place (f16 values, int4
-//! codes), and int8 blocks are always read in place by the integer kernels. The task body is
-//! compiled a second time for AVX2 + FMA, chosen at run time.
+//! tile, except that a decoding token's tile reads f16 blocks in place, and int8 and int4
+//! blocks are always read in place by the integer kernels. The task body is compiled a second
+//! time for AVX2 + FMA, chosen at run time.
 
 use crate::kernels::panel::Out;
 use crate::kernels::{simd, widen_f16};
@@ -243,9 +243,8 @@ fn visible<'a>(query: &'a QueryPos<'_>) -> impl Iterator<Item = (BlockId, usize,
 
 /// A block's keys (or values) of KV head `kv` as the kernels read them, `None` where evicted.
 /// With the AVX2 kernels (`kernels`), a block is read in place (`in_place`: a decoding token;
-/// int8 codes always) or its slots `from..to` widened into `block` once for a prompt tile,
-/// codes unscaled so that the kernels fold the same scales either way; the portable path gets
-/// f32 values.
+/// int8 and int4 codes always) or its f16 slots `from..to` widened into `block` once for a
+/// prompt tile; the portable path gets f32 values.
 #[inline(always)]
 fn block_rows<'s>(
     stored: &'s LayerBlock,
@@ -265,22 +264,13 @@ fn block_rows<'s>(
         return written.then_some(BlockRows { data: RowData::F32(block), scale: None, min: None, group: hd });
     }
     let rows = stored.rows(kv, hd, keys)?;
-    // Int8 codes are always read in place: the integer kernels make the other side of each
-    // product integer instead of the codes f32.
-    if in_place || matches!(rows.data, RowData::I8(_)) {
+    // Codes are always read in place: the integer kernels make the other side of each product
+    // integer instead of the codes f32.
+    let RowData::F16(x) = rows.data else { return Some(rows) };
+    if in_place {
         return Some(rows);
     }
-    // Codes as f32 are exact.
-    let (slots, out) = (from * hd..to * hd, &mut block[from * hd..to * hd]);
-    match rows.data {
-        RowData::F16(x) => widen_f16(&x[slots], out),
-        RowData::U4(x) => {
-            for (o, &b) in out.chunks_exact_mut(2).zip(&x[slots.start / 2..slots.end / 2]) {
-                (o[0], o[1]) = ((b & 0x0f) as f32, (b >> 4) as f32);
-            }
-        }
-        RowData::F32(_) | RowData::I8(_) => unreachable!("a block stores no f32 rows; int8 rows stay in place"),
-    }
+    widen_f16(&x[from * hd..to * hd], &mut block[from * hd..to * hd]);
     Some(BlockRows { data: RowData::F32(block), ..rows })
 }
 
@@ -464,13 +454,13 @@ mod tests {
             let v: Vec<f32> = (0..kv_heads * hd).map(|i| ((p * 11 + i) as f32 * 0.17).cos()).collect();
             pool.write(&table, 0, p, &k, &v);
         }
-        // Block 0 at int8 (read in place by both, in integer arithmetic), block 1 at int4,
+        // Block 0 at int8 and block 1 at int4 (read in place by both, in integer arithmetic),
         // block 2 at f16.
         assert!(pool.set_level(&table, 0, None, Level::Int8));
         assert!(pool.set_level(&table, 1, None, Level::Int4));
         let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.12, sinks: None };
         let q: Vec<f32> = (0..2 * heads * hd).map(|i| (i as f32 * 0.23).cos()).collect();
-        // Two queries of one tile: the f16 and int4 blocks are widened to f32 first.
+        // Two queries of one tile: the f16 block is widened to f32 first.
         let tile =
             [QueryPos { table: &table, pos: len - 2, first: 0 }, QueryPos { table: &table, pos: len - 1, first: 0 }];
         let mut widened = vec![0.0; q.len()];

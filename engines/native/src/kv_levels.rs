@@ -2,9 +2,10 @@
 //! int4, L3 evicted. Keys are quantized per channel over the block's 16 positions and values
 //! per position (the KIVI layout: key outliers sit in fixed channels, value outliers in
 //! tokens), with f16 scales. Bits per element, scales included, at head_dim 64: f16 16, int8
-//! 8.625 (keys 9, values 8.25), int4 5.5 (keys 6, values 5: groups of 32 channels). Int8 codes
-//! are laid out in pairs for the integer kernels (`kernels/attention_int8.rs`): keys as channel
-//! pairs over the rows, values as row pairs over the channels.
+//! 8.625 (keys 9, values 8.25), int4 5.5 (keys 6, values 5: groups of 32 channels). Codes are
+//! laid out in pairs for the integer kernels (`kernels/attention_integer.rs`): keys as channel
+//! pairs over the rows, values as row pairs over the channels; an int4 byte holds two codes
+//! that lie sixteen bytes apart in the int8 layout.
 //!
 //! A level change rewrites one block from its f16 form; going back up is not exact (the
 //! values were rounded), so promotion needs the block's f16 copy or a recomputation, which
@@ -39,13 +40,14 @@ pub enum LayerBlock {
         v_scale: Box<[f16]>,
     },
     Int4 {
-        /// Two codes a byte (channel 2i in the low nibble).
+        /// `[kv_heads][BLOCK_TOKENS * head_dim / 2]`, two codes a byte ([`key4_at`]).
         k: Box<[u8]>,
         /// Per channel, `[kv_heads][head_dim]` each; a key is `min + code * scale`.
         k_scale: Box<[f16]>,
         k_min: Box<[f16]>,
+        /// As `k`, [`value4_at`].
         v: Box<[u8]>,
-        /// Per position and group of `V_GROUP` channels: `[kv_heads][BLOCK_TOKENS][groups]`.
+        /// Per group of `V_GROUP` channels and position: `[kv_heads][groups][BLOCK_TOKENS]`.
         v_scale: Box<[f16]>,
         v_min: Box<[f16]>,
     },
@@ -178,11 +180,13 @@ impl LayerBlock {
                 let (mut v_scale, mut v_min) = (vec![f16::ZERO; gs], vec![f16::ZERO; gs]);
                 for h in 0..kv_heads {
                     let base = h * BLOCK_TOKENS * hd;
+                    let head = base / 2..(base + BLOCK_TOKENS * hd) / 2;
+                    let (kh, vh) = (&mut kq[head.clone()], &mut vq[head]);
                     for c in 0..hd {
                         let (s, m) = range4((0..BLOCK_TOKENS).map(|t| k[base + t * hd + c]));
                         (k_scale[h * hd + c], k_min[h * hd + c]) = (s, m);
                         for t in 0..BLOCK_TOKENS {
-                            put4(&mut kq, base + t * hd + c, q4(k[base + t * hd + c], s, m));
+                            put4(kh, key4_at(t, c), q4(k[base + t * hd + c], s, m));
                         }
                     }
                     for t in 0..BLOCK_TOKENS {
@@ -190,10 +194,10 @@ impl LayerBlock {
                             let (c0, c1) = (g * V_GROUP, ((g + 1) * V_GROUP).min(hd));
                             let row = &v[base + t * hd..][c0..c1];
                             let (s, m) = range4(row.iter().copied());
-                            let at = (h * BLOCK_TOKENS + t) * groups + g;
+                            let at = (h * groups + g) * BLOCK_TOKENS + t;
                             (v_scale[at], v_min[at]) = (s, m);
                             for (c, x) in (c0..c1).zip(row) {
-                                put4(&mut vq, base + t * hd + c, q4(*x, s, m));
+                                put4(vh, value4_at(t, c, hd), q4(*x, s, m));
                             }
                         }
                     }
@@ -271,14 +275,10 @@ impl LayerBlock {
                 let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
                 let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
                 let min = widen(&k_min[kv * hd..][..hd], &mut min);
+                let codes = &k[base / 2..][..BLOCK_TOKENS * hd / 2];
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-                    // Channel 2i in the low nibble of byte i of the row (hd is even).
-                    let bytes = &k[(base + t * hd) / 2..][..hd / 2];
-                    for (((o, &b), s), m) in
-                        row.chunks_exact_mut(2).zip(bytes).zip(scale.chunks_exact(2)).zip(min.chunks_exact(2))
-                    {
-                        o[0] = m[0] + (b & 0x0f) as f32 * s[0];
-                        o[1] = m[1] + (b >> 4) as f32 * s[1];
+                    for (c, ((o, s), m)) in row.iter_mut().zip(scale).zip(min).enumerate() {
+                        *o = m + get4(codes, key4_at(t, c)) as f32 * s;
                     }
                 }
             }
@@ -305,14 +305,13 @@ impl LayerBlock {
             }
             LayerBlock::Int4 { v, v_scale, v_min, .. } => {
                 let groups = hd.div_ceil(V_GROUP);
+                let codes = &v[base / 2..][..BLOCK_TOKENS * hd / 2];
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-                    let at = (kv * BLOCK_TOKENS + t) * groups;
-                    let bytes = &v[(base + t * hd) / 2..][..hd / 2];
-                    for (g, (o, b)) in row.chunks_mut(V_GROUP).zip(bytes.chunks(V_GROUP / 2)).enumerate() {
-                        let (s, m) = (v_scale[at + g].to_f32(), v_min[at + g].to_f32());
-                        for (o, &b) in o.chunks_exact_mut(2).zip(b) {
-                            o[0] = m + (b & 0x0f) as f32 * s;
-                            o[1] = m + (b >> 4) as f32 * s;
+                    for (g, o) in row.chunks_mut(V_GROUP).enumerate() {
+                        let at = (kv * groups + g) * BLOCK_TOKENS + t;
+                        let (s, m) = (v_scale[at].to_f32(), v_min[at].to_f32());
+                        for (c, o) in (g * V_GROUP..).zip(o) {
+                            *o = m + get4(codes, value4_at(t, c, hd)) as f32 * s;
                         }
                     }
                 }
@@ -347,7 +346,8 @@ pub enum RowData<'a> {
     /// Int8 codes, in place, in pairs: keys' channel pairs ([`key8_at`]) or values' row pairs
     /// ([`value8_at`]); read only by the integer kernels.
     I8(&'a [i8]),
-    /// Int4 codes, in place: two a byte, channel `2i` in the low nibble of byte `i`.
+    /// Int4 codes, in place, two a byte ([`key4_at`], [`value4_at`]); read only by the integer
+    /// kernels.
     U4(&'a [u8]),
 }
 
@@ -380,6 +380,25 @@ pub(crate) fn value8_at(t: usize, c: usize, hd: usize) -> usize {
     ((t / 2) * hd + c) * 2 + t % 2
 }
 
+/// Where int4 key code (row `t`, channel `c`) lies in its KV head's block, as (byte, in the
+/// high nibble): the int8 layout ([`key8_at`]) with each channel pair's 32 codes in 16 bytes,
+/// rows 0..8 in the low nibbles and rows 8..16 in the high ones. One 16-byte load then gives
+/// the pair's two halves that the int8 kernel reads from two.
+pub(crate) fn key4_at(t: usize, c: usize) -> (usize, bool) {
+    let half = BLOCK_TOKENS / 2;
+    ((c / 2) * BLOCK_TOKENS + (t % half) * 2 + c % 2, t >= half)
+}
+
+/// Where int4 value code (row `t`, channel `c`) lies: the int8 layout ([`value8_at`]) per row
+/// pair, in chunks of 16 channels (fewer at the end of a head) whose codes take one byte per
+/// channel: the chunk's first half of channels in the low nibbles, its second in the high ones.
+pub(crate) fn value4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
+    let c0 = c - c % 16;
+    let width = (hd - c0).min(16);
+    let at = (c - c0) * 2 + t % 2;
+    ((t / 2) * hd + c0 + at % width, at >= width)
+}
+
 /// `xs` as f32 in the front of `buf`.
 fn widen<'a>(xs: &[f16], buf: &'a mut [f32; MAX_HEAD_DIM]) -> &'a [f32] {
     let out = &mut buf[..xs.len()];
@@ -410,9 +429,17 @@ fn q4(x: f32, scale: f16, min: f16) -> u8 {
     }
 }
 
-fn put4(packed: &mut [u8], i: usize, code: u8) {
-    let b = &mut packed[i / 2];
-    *b = if i.is_multiple_of(2) { (*b & 0xf0) | code } else { (*b & 0x0f) | (code << 4) };
+fn put4(packed: &mut [u8], (byte, high): (usize, bool), code: u8) {
+    let b = &mut packed[byte];
+    *b = if high { (*b & 0x0f) | (code << 4) } else { (*b & 0xf0) | code };
+}
+
+fn get4(packed: &[u8], (byte, high): (usize, bool)) -> u8 {
+    if high {
+        packed[byte] >> 4
+    } else {
+        packed[byte] & 0x0f
+    }
 }
 
 #[cfg(test)]
@@ -485,5 +512,23 @@ mod tests {
         twice.values_into(1, hd, (0, BLOCK_TOKENS), &mut a);
         int4.values_into(1, hd, (0, BLOCK_TOKENS), &mut b);
         assert!(worst(&a, &b, None) <= 2.0 / 15.0 + 1.0 / 127.0);
+    }
+
+    #[test]
+    fn int4_layouts_give_every_code_its_own_nibble_of_its_head() {
+        for hd in [8, 24, 64, 72, 256] {
+            for (name, at) in [
+                ("keys", &(|t, c| key4_at(t, c)) as &dyn Fn(usize, usize) -> (usize, bool)),
+                ("values", &|t, c| value4_at(t, c, hd)),
+            ] {
+                let mut seen = vec![[false; 2]; BLOCK_TOKENS * hd / 2];
+                for t in 0..BLOCK_TOKENS {
+                    for c in 0..hd {
+                        let (byte, high) = at(t, c);
+                        assert!(!std::mem::replace(&mut seen[byte][high as usize], true), "{name} hd {hd}: ({t}, {c})");
+                    }
+                }
+            }
+        }
     }
 }

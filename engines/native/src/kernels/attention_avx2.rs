@@ -1,19 +1,16 @@
 //! AVX2 + FMA kernels of attention over one block of the KV cache: the scores of a group of
 //! query heads against the block's keys, their weighted sums of its values, and the softmax
-//! between. They read a block where it lies, f16 values or int4 codes widened in registers
-//! (`BlockRows`), so a decoding token's tile makes no f32 copy of the block; int8 blocks go to
-//! the integer kernels of `attention_int8.rs` instead. The query heads that share a KV head
-//! (grouped query attention) are taken together, so each value is widened once for all of them.
-//! Int4 codes' scales are folded into the queries (keys: per channel) or the weights (values:
-//! per row and group), and their minimums into one term per head: a row of codes costs about
-//! what an f16 row does and reads about a third of the bytes.
+//! between. They read f16 blocks where they lie, widened in registers (`BlockRows`), so a
+//! decoding token's tile makes no f32 copy of the block; int8 and int4 blocks go to the integer
+//! kernels of `attention_integer.rs` instead. The query heads that share a KV head (grouped
+//! query attention) are taken together, so each value is widened once for all of them.
 //!
 //! Per query head, every sum runs in the same order whatever the source: rows read in place
 //! give the same bits as the same rows widened to f32 first, and a sequence's logits do not
 //! depend on how its tiles were formed.
 
-use super::attention_int8::{int8_dots, int8_weighted_sum};
-use super::avx2::{hsum, widen_f16};
+use super::attention_integer::{integer_dots, integer_weighted_sum};
+use super::avx2::hsum;
 use crate::kv_levels::{BlockRows, RowData};
 use std::arch::x86_64::*;
 
@@ -48,25 +45,6 @@ impl Load8 for F16Rows {
     }
 }
 
-/// Int4 codes as they are (two a byte, the even channel in the low nibble).
-#[derive(Clone, Copy)]
-struct U4Rows(*const u8, usize);
-
-impl Load8 for U4Rows {
-    #[inline(always)]
-    unsafe fn load8(self, r: usize, c: usize) -> __m256 {
-        // SAFETY: as above; channels c..c+8 are the 4 bytes from (r * hd + c) / 2.
-        unsafe {
-            let bytes = (self.0.add((r * self.1 + c) / 2) as *const u32).read_unaligned();
-            // Each byte twice, one 32-bit lane each: the low nibble of the first, the high of
-            // the second.
-            let pairs = _mm_unpacklo_epi8(_mm_cvtsi32_si128(bytes as i32), _mm_cvtsi32_si128(bytes as i32));
-            let lanes = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(pairs), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-            _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(0x0f)))
-        }
-    }
-}
-
 /// Runs `$call` with `$src` the `Load8` of `$data`'s type.
 macro_rules! each_source {
     ($data:expr, $hd:expr, |$src:ident| $call:expr) => {
@@ -79,11 +57,7 @@ macro_rules! each_source {
                 let $src = F16Rows(x.as_ptr(), $hd);
                 $call
             }
-            RowData::I8(_) => unreachable!("int8 blocks take the integer kernels"),
-            RowData::U4(x) => {
-                let $src = U4Rows(x.as_ptr(), $hd);
-                $call
-            }
+            RowData::I8(_) | RowData::U4(_) => unreachable!("codes take the integer kernels"),
         }
     };
 }
@@ -114,9 +88,8 @@ macro_rules! four_heads_at_a_time {
 }
 
 /// For each of `heads` query heads `h` (rows of `hd` in `q`) and each row `s` of `rows` in
-/// `a..b`: `out[h * stride + s - a] = scale * q[h] . key s`. Codes' per-channel scales are
-/// folded into the queries first, and their minimums into one term per head (`q[h] . min`),
-/// once per block rather than per row; `fold` holds them.
+/// `a..b`: `out[h * stride + s - a] = scale * q[h] . key s`. Int8 and int4 codes go to
+/// [`integer_dots`], whose multipliers `fold` holds.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -133,62 +106,26 @@ pub unsafe fn attention_dots(
     stride: usize,
     fold: &mut Vec<f32>,
 ) {
-    if let (RowData::I8(codes), Some(channel_scale)) = (rows.data, rows.scale) {
+    if matches!(rows.data, RowData::I8(_) | RowData::U4(_)) {
         // SAFETY: the caller's CPU has AVX2, FMA and F16C.
-        return unsafe { int8_dots(codes, channel_scale, (a, b), hd, q, heads, scale, out, stride, fold) };
+        return unsafe { integer_dots(rows, (a, b), hd, q, heads, scale, out, stride, fold) };
     }
+    assert!(rows.scale.is_none() && rows.min.is_none(), "f16 and f32 rows are values, not codes");
     assert!(hd.is_multiple_of(8) && a <= b && b <= rows.rows(hd) && q.len() >= heads * hd);
     assert!(heads == 0 || out.len() >= (heads - 1) * stride + (b - a));
-    // fold: the scaled queries, then one minimum term per head.
-    let (q, bias): (&[f32], Option<&[f32]>) = match rows.scale {
-        None => (q, None),
-        Some(channel) => {
-            assert!(channel.len() >= hd && rows.min.is_none_or(|m| m.len() >= hd));
-            fold.resize(heads * hd + heads, 0.0);
-            let (scaled, bias) = fold.split_at_mut(heads * hd);
-            for (h, bias) in bias.iter_mut().enumerate() {
-                let mut by_min = _mm256_setzero_ps();
-                for c in (0..hd).step_by(8) {
-                    // SAFETY: c + 8 <= hd, inside the head's query row, its folded row and the
-                    // channels' scales and minimums (asserted).
-                    unsafe {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add(h * hd + c));
-                        let s = _mm256_cvtph_ps(_mm_loadu_si128(channel.as_ptr().add(c) as *const __m128i));
-                        _mm256_storeu_ps(scaled.as_mut_ptr().add(h * hd + c), _mm256_mul_ps(qv, s));
-                        if let Some(min) = rows.min {
-                            let m = _mm256_cvtph_ps(_mm_loadu_si128(min.as_ptr().add(c) as *const __m128i));
-                            by_min = _mm256_fmadd_ps(qv, m, by_min);
-                        }
-                    }
-                }
-                // SAFETY: register-only; the CPU has AVX.
-                *bias = unsafe { hsum(by_min) };
-            }
-            (scaled, rows.min.map(|_| &*bias))
-        }
-    };
     let mut h = 0;
     while h < heads {
-        let (q, out, bias) = (&q[h * hd..], &mut out[h * stride..], bias.map(|b| &b[h..]));
-        // SAFETY (each call): the asserts above keep rows a..b, the heads' queries, their
-        // minimum terms and their outputs inside the slices; the CPU has AVX2, FMA and F16C.
+        let (q, out) = (&q[h * hd..], &mut out[h * stride..]);
+        // SAFETY (each call): the asserts above keep rows a..b, the heads' queries and their
+        // outputs inside the slices; the CPU has AVX2, FMA and F16C.
         h += unsafe {
-            four_heads_at_a_time!(rows, hd, heads, h, |src, H| dots::<_, H>(
-                src,
-                (a, b),
-                hd,
-                q,
-                bias,
-                scale,
-                out,
-                stride
-            ))
+            four_heads_at_a_time!(rows, hd, heads, h, |src, H| dots::<_, H>(src, (a, b), hd, q, scale, out, stride))
         };
     }
 }
 
 /// [`attention_dots`] for `H` heads; returns `H`. Two rows at a time, one sum per (row, head)
-/// over the channels in order, then the head's minimum term.
+/// over the channels in order.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dots<R: Load8, const H: usize>(
@@ -196,13 +133,11 @@ unsafe fn dots<R: Load8, const H: usize>(
     (a, b): (usize, usize),
     hd: usize,
     q: &[f32],
-    bias: Option<&[f32]>,
     scale: f32,
     out: &mut [f32],
     stride: usize,
 ) -> usize {
     let qp = q.as_ptr();
-    let bias: [f32; H] = std::array::from_fn(|h| bias.map_or(0.0, |b| b[h]));
     let mut s = a;
     // SAFETY (every access): the caller's asserts cover rows a..b, H query rows of hd, and
     // out[h * stride + s - a] for h < H.
@@ -218,8 +153,8 @@ unsafe fn dots<R: Load8, const H: usize>(
                 }
             }
             for (h, acc) in acc.iter().enumerate() {
-                out[h * stride + s - a] = (hsum(acc[0]) + bias[h]) * scale;
-                out[h * stride + s + 1 - a] = (hsum(acc[1]) + bias[h]) * scale;
+                out[h * stride + s - a] = hsum(acc[0]) * scale;
+                out[h * stride + s + 1 - a] = hsum(acc[1]) * scale;
             }
             s += 2;
         }
@@ -232,7 +167,7 @@ unsafe fn dots<R: Load8, const H: usize>(
                 }
             }
             for (h, acc) in acc.iter().enumerate() {
-                out[h * stride + s - a] = (hsum(*acc) + bias[h]) * scale;
+                out[h * stride + s - a] = hsum(*acc) * scale;
             }
         }
     }
@@ -240,9 +175,7 @@ unsafe fn dots<R: Load8, const H: usize>(
 }
 
 /// For each of `heads` query heads `h`: `out[h] += sum over rows s in a..b of
-/// weights[h * stride + s - a] * value s` (`out` rows of `hd`). Codes' scales (per row and
-/// group of channels) are folded into the weights first, and their minimums into one term
-/// per head and group (`sum of weight * min`); `fold` holds them.
+/// weights[h * stride + s - a] * value s` (`out` rows of `hd`).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
@@ -258,98 +191,40 @@ pub unsafe fn attention_weighted_sum(
     out: &mut [f32],
     fold: &mut Vec<f32>,
 ) {
-    if let (RowData::I8(codes), Some(row_scale)) = (rows.data, rows.scale) {
+    if matches!(rows.data, RowData::I8(_) | RowData::U4(_)) {
         // SAFETY: the caller's CPU has AVX2, FMA and F16C.
-        return unsafe { int8_weighted_sum(codes, row_scale, (a, b), hd, weights, stride, heads, out, fold) };
+        return unsafe { integer_weighted_sum(rows, (a, b), hd, weights, stride, heads, out, fold) };
     }
+    assert!(rows.scale.is_none() && rows.min.is_none(), "f16 and f32 rows are values, not codes");
     assert!(hd.is_multiple_of(8) && a <= b && b <= rows.rows(hd) && out.len() >= heads * hd);
     assert!(heads == 0 || weights.len() >= (heads - 1) * stride + (b - a));
-    // A 16- or 8-channel step of the kernel lies in one group.
-    assert!(rows.group.is_multiple_of(16) || rows.group == hd);
-    let groups = hd.div_ceil(rows.group);
-    let n = b - a;
-    if n == 0 {
-        return;
-    }
-    // The weights as the kernel reads them: per head (stride apart), per group (gstride
-    // apart); and the minimum terms, per head and group.
-    let (weights, stride, gstride, bias) = match rows.scale {
-        None => (weights, stride, 0, None),
-        Some(scale) => {
-            // fold: the rows' scales and minimums as f32, the scaled weights, the minimum terms.
-            let (m, scaled) = (b * groups, heads * groups * n);
-            assert!(scale.len() >= m && rows.min.is_none_or(|min| min.len() >= m));
-            fold.resize(2 * m + scaled + heads * groups, 0.0);
-            let (widened, rest) = fold.split_at_mut(2 * m);
-            let (scale32, min32) = widened.split_at_mut(m);
-            widen_f16(&scale[..m], scale32);
-            if let Some(min) = rows.min {
-                widen_f16(&min[..m], min32);
-            }
-            let (folded, bias) = rest.split_at_mut(scaled);
-            // Iterators, not indices: with a bounds check on every product, this loop was a
-            // third of the kernel's time over int8 blocks.
-            for (h, folded) in folded.chunks_exact_mut(groups * n).enumerate() {
-                let w = &weights[h * stride..][..n];
-                for (g, folded) in folded.chunks_exact_mut(n).enumerate() {
-                    let scales = scale32[a * groups + g..].iter().step_by(groups);
-                    for ((f, &w), &s) in folded.iter_mut().zip(w).zip(scales) {
-                        *f = w * s;
-                    }
-                    if rows.min.is_some() {
-                        let mins = min32[a * groups + g..].iter().step_by(groups);
-                        bias[h * groups + g] = w.iter().zip(mins).fold(0f32, |t, (&w, &m)| t + w * m);
-                    }
-                }
-            }
-            (&*folded, groups * n, n, rows.min.map(|_| &*bias))
-        }
-    };
     let mut h = 0;
     while h < heads {
         let (w, out) = (&weights[h * stride..], &mut out[h * hd..]);
-        let bias = bias.map(|b| &b[h * groups..]);
-        let group = rows.group;
         // SAFETY (each call): as in `attention_dots`.
         h += unsafe {
-            four_heads_at_a_time!(rows, hd, heads, h, |src, H| weighted_sum::<_, H>(
-                src,
-                (a, b),
-                hd,
-                (w, stride, gstride, group),
-                bias,
-                out
-            ))
+            four_heads_at_a_time!(rows, hd, heads, h, |src, H| weighted_sum::<_, H>(src, (a, b), hd, (w, stride), out))
         };
     }
 }
 
 /// [`attention_weighted_sum`] for `H` heads; returns `H`. Sixteen channels of every head in
-/// registers across the rows, each channel's sum over the rows in order, then its group's
-/// minimum term. `weights`: (the weights, head stride, group stride, channels a group).
+/// registers across the rows, each channel's sum over the rows in order.
 #[inline(always)]
 unsafe fn weighted_sum<R: Load8, const H: usize>(
     src: R,
     (a, b): (usize, usize),
     hd: usize,
-    (weights, stride, gstride, group): (&[f32], usize, usize, usize),
-    bias: Option<&[f32]>,
+    (weights, stride): (&[f32], usize),
     out: &mut [f32],
 ) -> usize {
-    let groups = hd.div_ceil(group);
     let (wp, op) = (weights.as_ptr(), out.as_mut_ptr());
-    // SAFETY (every access): the caller's asserts and folding cover rows a..b,
-    // weights[h * stride + g * gstride + s - a], bias[h * groups + g] and out[h * hd + c..+8]
-    // for h < H and every group g.
+    // SAFETY (every access): the caller's asserts cover rows a..b, weights[h * stride + s - a]
+    // and out[h * hd + c..+8] for h < H.
     unsafe {
+        let w = |h: usize, s: usize| _mm256_set1_ps(*wp.add(h * stride + s - a));
         let mut c = 0;
         while c < hd {
-            let g = c / group;
-            let w = |h: usize, s: usize| _mm256_set1_ps(*wp.add(h * stride + g * gstride + s - a));
-            let add_bias = |h: usize, acc: __m256| match bias {
-                Some(bias) => _mm256_add_ps(acc, _mm256_set1_ps(bias[h * groups + g])),
-                None => acc,
-            };
             if c + 16 <= hd {
                 let mut acc: [[__m256; 2]; H] = std::array::from_fn(|h| {
                     [_mm256_loadu_ps(op.add(h * hd + c)), _mm256_loadu_ps(op.add(h * hd + c + 8))]
@@ -363,8 +238,8 @@ unsafe fn weighted_sum<R: Load8, const H: usize>(
                     }
                 }
                 for (h, acc) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(op.add(h * hd + c), add_bias(h, acc[0]));
-                    _mm256_storeu_ps(op.add(h * hd + c + 8), add_bias(h, acc[1]));
+                    _mm256_storeu_ps(op.add(h * hd + c), acc[0]);
+                    _mm256_storeu_ps(op.add(h * hd + c + 8), acc[1]);
                 }
                 c += 16;
             } else {
@@ -376,7 +251,7 @@ unsafe fn weighted_sum<R: Load8, const H: usize>(
                     }
                 }
                 for (h, acc) in acc.iter().enumerate() {
-                    _mm256_storeu_ps(op.add(h * hd + c), add_bias(h, *acc));
+                    _mm256_storeu_ps(op.add(h * hd + c), *acc);
                 }
                 c += 8;
             }

@@ -3,7 +3,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod attention_int8;
+pub(crate) mod attention_integer;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 pub mod linear;

@@ -1,0 +1,643 @@
+//! AVX2 kernels of attention over int8 and int4 blocks of the KV cache, in integer arithmetic.
+//!
+//! Widening every code to f32 and paying one FMA per code and query head costs what an f16
+//! value costs: int8 and int4 read fewer bytes at no less arithmetic, and on a CPU that is
+//! bound by arithmetic they ran at 0.7-0.9x the f16 cache. Here the other side of each product
+//! is made integer instead: a query head's key multipliers (the query times each channel's
+//! scale) and a head's weights over a block's rows (softmax weight times each row's scale, per
+//! group of channels at int4) are rounded to i16 with one step per head and block, and
+//! `vpmaddwd` multiplies sixteen codes by them and adds the pairs, half the instructions of
+//! FMAs over f32 for the same codes. Int4 codes' minimums become one term per head (keys:
+//! `q . min`) or per head and group (values: `sum of weight * min`). The sums are exact
+//! integers, so every query that reads a block gets the same bits whatever its tile. The
+//! multipliers keep 15 bits (a relative step of 3e-5, far below the codes' own 8 or 4 bits).
+//!
+//! The blocks are laid out for it (`kv_levels.rs`): keys as channel pairs over the block's rows,
+//! values as row pairs over the channels. A pair multiply-add then sums along the dot
+//! product's own axis, and each of a register's eight lanes ends with one row's score (keys) or
+//! one channel's sum (values): no horizontal sums. An int4 byte holds two codes sixteen bytes
+//! of the int8 layout apart, so one load, a mask and a shift give the sixteen codes the int8
+//! kernel would read from two loads.
+
+use super::avx2::hsum;
+use crate::kv_cache::BLOCK_TOKENS;
+use crate::kv_levels::{BlockRows, RowData};
+use half::f16;
+use std::arch::x86_64::*;
+
+/// The largest i16 multiplier. Codes are within +-127, so a head of up to `MAX_HEAD_DIM`
+/// channels sums to at most 512 * 127 * 32767 < 2^31: an i32 lane cannot overflow.
+const MULTIPLIER_MAX: f32 = 32767.0;
+const MAX_HEAD_DIM: usize = 512;
+
+/// A block's codes (one KV head) as the kernels load them: sixteen at a time into i16 lanes,
+/// the pairs that one multiply-add sums side by side.
+trait Codes: Copy {
+    /// Keys of channel pair `p`: rows 0..8, then rows 8..16, each row's two channels together.
+    ///
+    /// # Safety
+    /// `p < head_dim / 2`; the CPU must have AVX2.
+    unsafe fn key_rows(self, p: usize) -> [__m256i; 2];
+
+    /// Values of row pair `j`: channels `c..c+8`, then `c+8..c+16` when `wide` (else zero), each
+    /// channel's two rows together.
+    ///
+    /// # Safety
+    /// `j < BLOCK_TOKENS / 2` and `c + 16 <= hd` (`c + 8` when not `wide`); AVX2.
+    unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2];
+}
+
+/// Int8 codes ([`crate::kv_levels::key8_at`], [`crate::kv_levels::value8_at`]).
+#[derive(Clone, Copy)]
+struct Int8(*const i8);
+
+impl Codes for Int8 {
+    #[inline(always)]
+    unsafe fn key_rows(self, p: usize) -> [__m256i; 2] {
+        // SAFETY: pair p's rows t0..t0+8 are the 16 bytes from (p * BLOCK_TOKENS + t0) * 2.
+        let at = |t0: usize| unsafe {
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(self.0.add((p * BLOCK_TOKENS + t0) * 2).cast()))
+        };
+        [at(0), at(BLOCK_TOKENS / 2)]
+    }
+
+    #[inline(always)]
+    unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2] {
+        // SAFETY: row pair j's channels c..c+8 are the 16 bytes from (j * hd + c) * 2.
+        let at = |c: usize| unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(self.0.add((j * hd + c) * 2).cast())) };
+        [at(c), if wide { at(c + 8) } else { _mm256_setzero_si256() }]
+    }
+}
+
+/// Int4 codes ([`crate::kv_levels::key4_at`], [`crate::kv_levels::value4_at`]): the int8
+/// layout's first sixteen bytes of a pair (or chunk) in the low nibbles, the next sixteen in
+/// the high ones.
+#[derive(Clone, Copy)]
+struct Int4(*const u8);
+
+impl Codes for Int4 {
+    #[inline(always)]
+    unsafe fn key_rows(self, p: usize) -> [__m256i; 2] {
+        // SAFETY: pair p's 32 codes are the 16 bytes from p * BLOCK_TOKENS.
+        unsafe { nibbles(_mm_loadu_si128(self.0.add(p * BLOCK_TOKENS).cast())) }
+    }
+
+    #[inline(always)]
+    unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2] {
+        // SAFETY: row pair j's channels c..c+16 are the 16 bytes from j * hd + c (c..c+8: 8).
+        unsafe {
+            let at = self.0.add(j * hd + c);
+            if wide {
+                nibbles(_mm_loadu_si128(at.cast()))
+            } else {
+                // Channels c..c+4 in the low nibbles, c+4..c+8 in the high ones.
+                let bytes = _mm_loadl_epi64(at.cast());
+                let mask = _mm_set1_epi8(0x0f);
+                let (low, high) = (_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask));
+                [_mm256_cvtepu8_epi16(_mm_unpacklo_epi64(low, high)), _mm256_setzero_si256()]
+            }
+        }
+    }
+}
+
+/// Sixteen bytes' low nibbles, then their high ones, as i16 lanes.
+#[inline(always)]
+unsafe fn nibbles(bytes: __m128i) -> [__m256i; 2] {
+    // SAFETY: register-only; the caller's CPU has AVX2.
+    unsafe {
+        let mask = _mm_set1_epi8(0x0f);
+        [
+            _mm256_cvtepu8_epi16(_mm_and_si128(bytes, mask)),
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(bytes), mask)),
+        ]
+    }
+}
+
+/// Evaluates `$call` with `$n` the const 1 to 4 that `$left` asks for (4 for more).
+macro_rules! four {
+    ($left:expr, $n:ident, $call:expr) => {
+        match $left {
+            1 => {
+                const $n: usize = 1;
+                $call
+            }
+            2 => {
+                const $n: usize = 2;
+                $call
+            }
+            3 => {
+                const $n: usize = 3;
+                $call
+            }
+            _ => {
+                const $n: usize = 4;
+                $call
+            }
+        }
+    };
+}
+
+/// Runs `$kernel::<C, H>` for the next `H` (1 to 4) heads of `$heads` from `$h`, with `C` the
+/// codes of `$data` and `$codes` their loader; evaluates to `H`.
+macro_rules! each_head_group {
+    ($data:expr, $heads:expr, $h:expr, |$codes:ident, $n:ident| $call:expr) => {
+        match $data {
+            RowData::I8(x) => {
+                let $codes = Int8(x.as_ptr());
+                four!($heads - $h, $n, $call)
+            }
+            RowData::U4(x) => {
+                let $codes = Int4(x.as_ptr());
+                four!($heads - $h, $n, $call)
+            }
+            RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
+        }
+    };
+}
+
+/// For each of `heads` query heads `h` (rows of `hd` in `q`) and each row `s` in `a..b` of a
+/// block of int8 or int4 keys (`rows`; a key is `min[c] + code * scale[c]` per channel, int8
+/// has no minimum): `out[h * stride + s - a] = scale * q[h] . key s`. `fold` holds the heads'
+/// multipliers.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn integer_dots(
+    rows: &BlockRows<'_>,
+    (a, b): (usize, usize),
+    hd: usize,
+    q: &[f32],
+    heads: usize,
+    scale: f32,
+    out: &mut [f32],
+    stride: usize,
+    fold: &mut Vec<f32>,
+) {
+    let channel_scale = rows.scale.expect("codes have scales");
+    assert!(hd.is_multiple_of(8) && hd <= MAX_HEAD_DIM && a <= b && b <= BLOCK_TOKENS);
+    assert!(rows.rows(hd) >= BLOCK_TOKENS && channel_scale.len() >= hd && q.len() >= heads * hd);
+    assert!(rows.min.is_none_or(|m| m.len() >= hd));
+    assert!(heads == 0 || out.len() >= (heads - 1) * stride + (b - a));
+    if a == b {
+        return;
+    }
+    // fold: each head's multipliers (a pair of i16 in each f32's bits), then its step times
+    // `scale`, then its minimum term times `scale`.
+    let pairs = hd / 2;
+    fold.resize(heads * (pairs + 2), 0.0);
+    let (multipliers, rest) = fold.split_at_mut(heads * pairs);
+    let (steps, biases) = rest.split_at_mut(heads);
+    for h in 0..heads {
+        let qh = &q[h * hd..][..hd];
+        // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
+        unsafe {
+            steps[h] = quantize_pairs(qh, &channel_scale[..hd], &mut multipliers[h * pairs..][..pairs]) * scale;
+            biases[h] = rows.min.map_or(0.0, |min| dot_f16(qh, &min[..hd]) * scale);
+        }
+    }
+    let mut h = 0;
+    while h < heads {
+        let (m, st, bi, o) = (&multipliers[h * pairs..], &steps[h..], &biases[h..], &mut out[h * stride..]);
+        // SAFETY (each call): the block holds `pairs` channel pairs of BLOCK_TOKENS rows, m, st
+        // and bi the next heads' multipliers, steps and minimum terms, and o their rows a..b
+        // (asserted above).
+        h += unsafe {
+            each_head_group!(rows.data, heads, h, |codes, H| key_dots::<_, H>(
+                codes,
+                (a, b),
+                pairs,
+                m,
+                st,
+                bi,
+                o,
+                stride
+            ))
+        };
+    }
+}
+
+/// [`integer_dots`] for `H` heads; returns `H`. Rows in two halves of eight, one lane a row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn key_dots<C: Codes, const H: usize>(
+    codes: C,
+    (a, b): (usize, usize),
+    pairs: usize,
+    multipliers: &[f32],
+    steps: &[f32],
+    biases: &[f32],
+    out: &mut [f32],
+    stride: usize,
+) -> usize {
+    let mp = multipliers.as_ptr();
+    let half = BLOCK_TOKENS / 2;
+    // SAFETY (every access): head h's multipliers at h * pairs + p inside `multipliers`; the
+    // codes' pairs as the caller says.
+    unsafe {
+        let mut acc = [[_mm256_setzero_si256(); 2]; H];
+        for p in 0..pairs {
+            let x = codes.key_rows(p);
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let m = _mm256_castps_si256(_mm256_broadcast_ss(&*mp.add(h * pairs + p)));
+                acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(x[0], m));
+                acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(x[1], m));
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            let (step, bias) = (_mm256_set1_ps(steps[h]), _mm256_set1_ps(biases[h]));
+            let score = |acc: __m256i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), step, bias);
+            let o = &mut out[h * stride..][..b - a];
+            if b - a == BLOCK_TOKENS {
+                // A whole block (most of them): straight to the output; a copy of a run
+                // whose length is not known here is a call to memmove.
+                _mm256_storeu_ps(o.as_mut_ptr(), score(acc[0]));
+                _mm256_storeu_ps(o.as_mut_ptr().add(half), score(acc[1]));
+            } else {
+                let mut rows = [0f32; BLOCK_TOKENS];
+                _mm256_storeu_ps(rows.as_mut_ptr(), score(acc[0]));
+                _mm256_storeu_ps(rows.as_mut_ptr().add(half), score(acc[1]));
+                o.copy_from_slice(&rows[a..b]);
+            }
+        }
+    }
+    H
+}
+
+/// For each of `heads` query heads `h`: `out[h] += sum over rows s in a..b of
+/// weights[h * stride + s - a] * value s`, over a block of int8 or int4 values (`rows`; a value
+/// is `min + code * scale` with one pair per row and group of `rows.group` channels, laid out
+/// `[groups][BLOCK_TOKENS]`; int8 has one group and no minimum; `out` rows of `hd`). `fold`
+/// holds the heads' multipliers.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn integer_weighted_sum(
+    rows: &BlockRows<'_>,
+    (a, b): (usize, usize),
+    hd: usize,
+    weights: &[f32],
+    stride: usize,
+    heads: usize,
+    out: &mut [f32],
+    fold: &mut Vec<f32>,
+) {
+    let row_scale = rows.scale.expect("codes have scales");
+    // A 16- or 8-channel step of the kernel lies in one group.
+    let group = rows.group;
+    assert!(group == hd || group.is_multiple_of(16));
+    let groups = hd.div_ceil(group);
+    assert!(hd.is_multiple_of(8) && hd <= MAX_HEAD_DIM && a <= b && b <= BLOCK_TOKENS);
+    assert!(rows.rows(hd) >= BLOCK_TOKENS && row_scale.len() >= groups * BLOCK_TOKENS && out.len() >= heads * hd);
+    assert!(rows.min.is_none_or(|m| m.len() >= groups * BLOCK_TOKENS));
+    assert!(heads == 0 || weights.len() >= (heads - 1) * stride + (b - a));
+    if a == b {
+        return;
+    }
+    // fold: each head's multipliers for each group's row pairs, then their steps, then their
+    // minimum terms. A head's groups share one step: one rounding pass per head and block
+    // instead of one per group (the products' spread across groups costs a few of the
+    // multipliers' 15 bits, still far more than the codes' 4).
+    let pairs = BLOCK_TOKENS / 2;
+    let n = heads * groups;
+    fold.resize(n * (pairs + 2), 0.0);
+    let (multipliers, rest) = fold.split_at_mut(n * pairs);
+    let (steps, biases) = rest.split_at_mut(n);
+    let mut w = [0f32; BLOCK_TOKENS];
+    for h in 0..heads {
+        let row = &weights[h * stride..][..b - a];
+        if b - a == BLOCK_TOKENS {
+            // A whole block: a copy of known length, no call to memmove.
+            w.copy_from_slice(&row[..BLOCK_TOKENS]);
+        } else {
+            // Rows outside a..b weigh nothing: their codes are multiplied by 0.
+            w.fill(0.0);
+            w[a..b].copy_from_slice(row);
+        }
+        let i = h * groups;
+        // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
+        unsafe {
+            // The weights once for each group's scales (`[groups][BLOCK_TOKENS]`).
+            let scales = &row_scale[..groups * BLOCK_TOKENS];
+            let step = quantize_pairs(&w, scales, &mut multipliers[i * pairs..][..groups * pairs]);
+            steps[i..i + groups].fill(step);
+            for (g, bias) in biases[i..i + groups].iter_mut().enumerate() {
+                *bias = rows.min.map_or(0.0, |min| dot_f16(&w, &min[g * BLOCK_TOKENS..][..BLOCK_TOKENS]));
+            }
+        }
+    }
+    let mut h = 0;
+    while h < heads {
+        let i = h * groups;
+        let (m, st, bi, o) = (&multipliers[i * pairs..], &steps[i..], &biases[i..], &mut out[h * hd..]);
+        // SAFETY (each call): as in `integer_dots`; o holds the next heads' rows of hd.
+        h += unsafe {
+            each_head_group!(rows.data, heads, h, |codes, H| value_sums::<_, H>(
+                codes,
+                (a, b),
+                (hd, group),
+                m,
+                st,
+                bi,
+                o
+            ))
+        };
+    }
+}
+
+/// [`integer_weighted_sum`] for `H` heads; returns `H`. Sixteen channels at a time (eight at
+/// the end of a head_dim that is not a multiple of 16), one lane a channel, over the row pairs
+/// that hold rows of a..b.
+#[inline(always)]
+unsafe fn value_sums<C: Codes, const H: usize>(
+    codes: C,
+    (a, b): (usize, usize),
+    (hd, group): (usize, usize),
+    multipliers: &[f32],
+    steps: &[f32],
+    biases: &[f32],
+    out: &mut [f32],
+) -> usize {
+    let (pairs, groups) = (BLOCK_TOKENS / 2, hd.div_ceil(group));
+    let (mp, op) = (multipliers.as_ptr(), out.as_mut_ptr());
+    // SAFETY (every access): head h's multipliers for group g at (h * groups + g) * pairs + j,
+    // its outputs at h * hd + c..+16 (or +8); the codes as the caller says.
+    unsafe {
+        let mut c = 0;
+        while c < hd {
+            let (wide, g) = (c + 16 <= hd, c / group);
+            let mut acc = [[_mm256_setzero_si256(); 2]; H];
+            for j in a / 2..b.div_ceil(2) {
+                let x = codes.value_channels(j, c, hd, wide);
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let m = _mm256_castps_si256(_mm256_broadcast_ss(&*mp.add((h * groups + g) * pairs + j)));
+                    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(x[0], m));
+                    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(x[1], m));
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                let step = _mm256_set1_ps(steps[h * groups + g]);
+                let bias = _mm256_set1_ps(biases[h * groups + g]);
+                for (i, acc) in acc.iter().enumerate().take(if wide { 2 } else { 1 }) {
+                    let o = op.add(h * hd + c + i * 8);
+                    let sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*acc), step, _mm256_loadu_ps(o));
+                    _mm256_storeu_ps(o, _mm256_add_ps(sum, bias));
+                }
+            }
+            c += if wide { 16 } else { 8 };
+        }
+    }
+    H
+}
+
+/// `x . y` with `y` widened from f16 (`x.len()` a multiple of 8), eight lanes then their sum.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
+    assert!(x.len().is_multiple_of(8) && y.len() == x.len());
+    // SAFETY (every access): c + 8 <= len inside both.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for c in (0..x.len()).step_by(8) {
+            let yv = _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(c).cast()));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c)), yv, acc);
+        }
+        hsum(acc)
+    }
+}
+
+/// `x * scale` (lanes of f32 times f16 scales; `x` repeated as many times as `scale` is
+/// longer, both lengths multiples of 8) rounded to i16 multipliers with one step, stored as
+/// pairs (the even index in the low half) in the bits of `out`'s f32s; returns the step (0 when
+/// every product is 0).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline(always)]
+unsafe fn quantize_pairs(x: &[f32], scale: &[f16], out: &mut [f32]) -> f32 {
+    let (period, n) = (x.len(), scale.len());
+    assert!(period.is_multiple_of(8) && n.is_multiple_of(period) && out.len() == n / 2);
+    let (xp, sp, op) = (x.as_ptr(), scale.as_ptr(), out.as_mut_ptr());
+    // SAFETY (every access): base + c + 8 <= n inside scale, c + 8 <= period inside x (both
+    // multiples of 8); (base + c) / 2 + 4 (or + 8) <= n / 2 inside out.
+    unsafe {
+        // x[c..c+8] times scale[base + c..+8], `base` a multiple of `period`.
+        let product = |base: usize, c: usize| {
+            _mm256_mul_ps(_mm256_loadu_ps(xp.add(c)), _mm256_cvtph_ps(_mm_loadu_si128(sp.add(base + c).cast())))
+        };
+        let mut largest = _mm256_setzero_ps();
+        for base in (0..n).step_by(period) {
+            for c in (0..period).step_by(8) {
+                largest = _mm256_max_ps(largest, _mm256_andnot_ps(_mm256_set1_ps(-0.0), product(base, c)));
+            }
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps::<1>(largest));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let largest = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        if !(largest > 0.0 && largest.is_finite()) {
+            out.fill(0.0);
+            return 0.0;
+        }
+        let inv = _mm256_set1_ps(MULTIPLIER_MAX / largest);
+        let rounded = |base: usize, c: usize| _mm256_cvtps_epi32(_mm256_mul_ps(product(base, c), inv));
+        for base in (0..n).step_by(period) {
+            let mut c = 0;
+            while c + 16 <= period {
+                // packs works within 128-bit lanes: [c..c+4, c+8..c+12 | c+4..c+8, c+12..c+16];
+                // the permute puts the channels back in order.
+                let packed = _mm256_packs_epi32(rounded(base, c), rounded(base, c + 8));
+                _mm256_storeu_si256(op.add((base + c) / 2).cast(), _mm256_permute4x64_epi64::<0b11_01_10_00>(packed));
+                c += 16;
+            }
+            if c < period {
+                let r = rounded(base, c);
+                _mm_storeu_si128(
+                    op.add((base + c) / 2).cast(),
+                    _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r)),
+                );
+            }
+        }
+        largest / MULTIPLIER_MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_levels::{key4_at, key8_at, value4_at, value8_at};
+
+    /// A block's keys and values of one KV head as int8 and int4 codes in their layouts, with
+    /// their scales (and int4's minimums), and queries.
+    struct Case {
+        k8: Vec<i8>,
+        v8: Vec<i8>,
+        k4: Vec<u8>,
+        v4: Vec<u8>,
+        /// Code at (row, channel), for the reference sums.
+        key: Vec<Vec<i32>>,
+        value: Vec<Vec<i32>>,
+        k4_code: Vec<Vec<i32>>,
+        v4_code: Vec<Vec<i32>>,
+        channel: Vec<f16>,
+        channel_min: Vec<f16>,
+        /// Values' scales and minimums, `[groups][BLOCK_TOKENS]` (int8: group 0 only).
+        row: Vec<f16>,
+        row_min: Vec<f16>,
+        q: Vec<f32>,
+    }
+
+    const GROUP: usize = 32;
+
+    /// Codes, their scales and queries, with outliers in a channel and a row as real caches
+    /// have.
+    fn case(hd: usize, heads: usize) -> Case {
+        let groups = hd.div_ceil(GROUP);
+        let code = |i: usize| (i * 7919 % 255) as i32 - 127;
+        let key: Vec<Vec<i32>> = (0..BLOCK_TOKENS).map(|t| (0..hd).map(|c| code(t * hd + c)).collect()).collect();
+        let value: Vec<Vec<i32>> =
+            (0..BLOCK_TOKENS).map(|t| (0..hd).map(|c| code((t * hd + c) * 31 + 5)).collect()).collect();
+        let nibble = |x: i32| x.rem_euclid(16);
+        let k4_code: Vec<Vec<i32>> = key.iter().map(|r| r.iter().map(|&x| nibble(x)).collect()).collect();
+        let v4_code: Vec<Vec<i32>> = value.iter().map(|r| r.iter().map(|&x| nibble(x * 3)).collect()).collect();
+        let (mut k8, mut v8) = (vec![0i8; BLOCK_TOKENS * hd], vec![0i8; BLOCK_TOKENS * hd]);
+        let (mut k4, mut v4) = (vec![0u8; BLOCK_TOKENS * hd / 2], vec![0u8; BLOCK_TOKENS * hd / 2]);
+        let put =
+            |xs: &mut [u8], (byte, high): (usize, bool), x: i32| xs[byte] |= (x as u8) << if high { 4 } else { 0 };
+        for t in 0..BLOCK_TOKENS {
+            for c in 0..hd {
+                k8[key8_at(t, c)] = key[t][c] as i8;
+                v8[value8_at(t, c, hd)] = value[t][c] as i8;
+                put(&mut k4, key4_at(t, c), k4_code[t][c]);
+                put(&mut v4, value4_at(t, c, hd), v4_code[t][c]);
+            }
+        }
+        let channel: Vec<f16> =
+            (0..hd).map(|c| f16::from_f32(if c == 3 { 0.2 } else { 0.01 + c as f32 * 1e-4 })).collect();
+        let channel_min: Vec<f16> = (0..hd).map(|c| f16::from_f32((c as f32 * 0.7).sin() * 0.3)).collect();
+        let row: Vec<f16> = (0..groups * BLOCK_TOKENS)
+            .map(|i| f16::from_f32(if i % BLOCK_TOKENS == 6 { 0.05 } else { 0.008 + (i / BLOCK_TOKENS) as f32 * 1e-3 }))
+            .collect();
+        let row_min: Vec<f16> =
+            (0..groups * BLOCK_TOKENS).map(|i| f16::from_f32((i as f32 * 0.9).cos() * 0.1)).collect();
+        let q: Vec<f32> = (0..heads * hd).map(|i| ((i * 13) as f32 * 0.37).sin() * 2.0).collect();
+        Case { k8, v8, k4, v4, key, value, k4_code, v4_code, channel, channel_min, row, row_min, q }
+    }
+
+    #[test]
+    fn integer_dots_and_weighted_sums_match_f64_over_the_dequantized_block() {
+        if !crate::kernels::simd() {
+            return;
+        }
+        for hd in [64usize, 72, 256] {
+            let groups = hd.div_ceil(GROUP);
+            for heads in 1..=5 {
+                let c = case(hd, heads);
+                // (keys, values, key codes, value codes, channels a value group, largest code)
+                let int8 = (
+                    BlockRows { data: RowData::I8(&c.k8), scale: Some(&c.channel), min: None, group: hd },
+                    BlockRows { data: RowData::I8(&c.v8), scale: Some(&c.row), min: None, group: hd },
+                    &c.key,
+                    &c.value,
+                    127.0,
+                );
+                let int4 = (
+                    BlockRows {
+                        data: RowData::U4(&c.k4),
+                        scale: Some(&c.channel),
+                        min: Some(&c.channel_min),
+                        group: hd,
+                    },
+                    BlockRows { data: RowData::U4(&c.v4), scale: Some(&c.row), min: Some(&c.row_min), group: GROUP },
+                    &c.k4_code,
+                    &c.v4_code,
+                    15.0,
+                );
+                for (keys, values, key, value, largest_code) in [int8, int4] {
+                    let group = values.group;
+                    let key_at = |s: usize, ch: usize| {
+                        keys.min.map_or(0.0, |m| m[ch].to_f64()) + key[s][ch] as f64 * c.channel[ch].to_f64()
+                    };
+                    let value_at = |s: usize, ch: usize| {
+                        let at = ch / group * BLOCK_TOKENS + s;
+                        values.min.map_or(0.0, |m| m[at].to_f64()) + value[s][ch] as f64 * c.row[at].to_f64()
+                    };
+                    for (a, b) in [(0, 16), (3, 16), (0, 5), (9, 16), (5, 11), (7, 8), (4, 4)] {
+                        let stride = 20;
+                        let mut scores = vec![f32::NAN; heads * stride];
+                        let mut fold = Vec::new();
+                        // SAFETY: simd() found AVX2, FMA and F16C.
+                        unsafe { integer_dots(&keys, (a, b), hd, &c.q, heads, 0.125, &mut scores, stride, &mut fold) };
+                        let weights: Vec<f32> =
+                            (0..heads * stride).map(|i| ((i * 5) as f32 * 0.3).cos().abs() / 8.0).collect();
+                        let mut out: Vec<f32> = (0..heads * hd).map(|i| i as f32 * 0.001).collect();
+                        let before = out.clone();
+                        // SAFETY: as above.
+                        unsafe {
+                            integer_weighted_sum(&values, (a, b), hd, &weights, stride, heads, &mut out, &mut fold)
+                        };
+                        for h in 0..heads {
+                            let qh = &c.q[h * hd..][..hd];
+                            for s in a..b {
+                                let want = (0..hd).map(|ch| qh[ch] as f64 * key_at(s, ch)).sum::<f64>() * 0.125;
+                                let got = scores[h * stride + s - a] as f64;
+                                // Each multiplier is within half a step (1/32767 of the largest) of
+                                // query times scale, each code within its range; and f32's rounding.
+                                let largest = (0..hd)
+                                    .map(|ch| (qh[ch] as f64 * c.channel[ch].to_f64()).abs())
+                                    .fold(0f64, f64::max);
+                                let bound = 0.125 * 0.5 * largest / 32767.0 * largest_code * hd as f64
+                                    + 1e-6 * (0..hd).map(|ch| (qh[ch] as f64 * key_at(s, ch)).abs()).sum::<f64>();
+                                assert!(
+                                    (got - want).abs() <= bound,
+                                    "hd {hd} heads {heads} ({a},{b}) h {h} s {s}: {got} vs {want}"
+                                );
+                            }
+                            assert!(
+                                scores[h * stride + (b - a)..][..stride - (b - a)].iter().all(|x| x.is_nan()),
+                                "rows past b untouched"
+                            );
+                            for ch in 0..hd {
+                                let w = |s: usize| weights[h * stride + s - a] as f64;
+                                let want =
+                                    before[h * hd + ch] as f64 + (a..b).map(|s| w(s) * value_at(s, ch)).sum::<f64>();
+                                let size: f64 = (a..b)
+                                    .map(|s| {
+                                        w(s) * (c.row[ch / group * BLOCK_TOKENS + s].to_f64() * largest_code + 1.0)
+                                    })
+                                    .sum();
+                                let got = out[h * hd + ch] as f64;
+                                assert!(
+                                    (got - want).abs() <= 2e-4 * size + 1e-5,
+                                    "values hd {hd} heads {heads} groups {groups} ({a},{b}) h {h} c {ch}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_zero_query_or_zero_weights_give_zero_and_no_nan() {
+        if !crate::kernels::simd() {
+            return;
+        }
+        let hd = 64;
+        let c = case(hd, 1);
+        let keys = BlockRows { data: RowData::I8(&c.k8), scale: Some(&c.channel), min: None, group: hd };
+        let values = BlockRows { data: RowData::I8(&c.v8), scale: Some(&c.row), min: None, group: hd };
+        let (mut scores, mut out, mut fold) = (vec![1f32; BLOCK_TOKENS], vec![0.5f32; hd], Vec::new());
+        // SAFETY: simd() found AVX2, FMA and F16C.
+        unsafe {
+            integer_dots(&keys, (0, 16), hd, &[0.0; 64], 1, 1.0, &mut scores, 16, &mut fold);
+            integer_weighted_sum(&values, (0, 16), hd, &[0.0; 16], 16, 1, &mut out, &mut fold);
+        }
+        assert!(scores.iter().all(|&x| x == 0.0) && out.iter().all(|&x| x == 0.5));
+    }
+}
