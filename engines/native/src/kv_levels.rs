@@ -172,6 +172,7 @@ impl LayerBlock {
                 Some(LayerBlock::Int8 { k: kq.into(), k_scale: k_scale.into(), v: vq.into(), v_scale: v_scale.into() })
             }
             Level::Int4 => {
+                assert!(hd.is_multiple_of(2), "int4 codes are stored in pairs of channels");
                 let groups = hd.div_ceil(V_GROUP);
                 let mut kq = vec![0u8; k.len() / 2];
                 let (mut k_scale, mut k_min) = (vec![f16::ZERO; kv_heads * hd], vec![f16::ZERO; kv_heads * hd]);
