@@ -66,24 +66,7 @@ macro_rules! each_source {
 /// source; the kernels keep each head's sums in registers. Evaluates to `H`.
 macro_rules! four_heads_at_a_time {
     ($rows:expr, $hd:expr, $heads:expr, $h:expr, |$src:ident, $n:ident| $call:expr) => {
-        match $heads - $h {
-            1 => {
-                const $n: usize = 1;
-                each_source!($rows.data, $hd, |$src| $call)
-            }
-            2 => {
-                const $n: usize = 2;
-                each_source!($rows.data, $hd, |$src| $call)
-            }
-            3 => {
-                const $n: usize = 3;
-                each_source!($rows.data, $hd, |$src| $call)
-            }
-            _ => {
-                const $n: usize = 4;
-                each_source!($rows.data, $hd, |$src| $call)
-            }
-        }
+        up_to_four!($heads - $h, $n, each_source!($rows.data, $hd, |$src| $call))
     };
 }
 

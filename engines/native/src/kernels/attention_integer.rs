@@ -113,30 +113,6 @@ unsafe fn nibbles(bytes: __m128i) -> [__m256i; 2] {
     }
 }
 
-/// Evaluates `$call` with `$n` the const 1 to 4 that `$left` asks for (4 for more).
-macro_rules! four {
-    ($left:expr, $n:ident, $call:expr) => {
-        match $left {
-            1 => {
-                const $n: usize = 1;
-                $call
-            }
-            2 => {
-                const $n: usize = 2;
-                $call
-            }
-            3 => {
-                const $n: usize = 3;
-                $call
-            }
-            _ => {
-                const $n: usize = 4;
-                $call
-            }
-        }
-    };
-}
-
 /// Runs `$kernel::<C, H>` for the next `H` (1 to 4) heads of `$heads` from `$h`, with `C` the
 /// codes of `$data` and `$codes` their loader; evaluates to `H`.
 macro_rules! each_head_group {
@@ -144,11 +120,11 @@ macro_rules! each_head_group {
         match $data {
             RowData::I8(x) => {
                 let $codes = Int8(x.as_ptr());
-                four!($heads - $h, $n, $call)
+                up_to_four!($heads - $h, $n, $call)
             }
             RowData::U4(x) => {
                 let $codes = Int4(x.as_ptr());
-                four!($heads - $h, $n, $call)
+                up_to_four!($heads - $h, $n, $call)
             }
             RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
         }

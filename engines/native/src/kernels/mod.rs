@@ -1,5 +1,31 @@
 //! CPU kernels of the forward pass (f32 compute over weights as stored on disk).
 
+/// Evaluates `$call` with `$n` the const 1 to 4 that `$left` asks for (4 for more): the
+/// attention kernels take up to four query heads at a time, each head's sums in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! up_to_four {
+    ($left:expr, $n:ident, $call:expr) => {
+        match $left {
+            1 => {
+                const $n: usize = 1;
+                $call
+            }
+            2 => {
+                const $n: usize = 2;
+                $call
+            }
+            3 => {
+                const $n: usize = 3;
+                $call
+            }
+            _ => {
+                const $n: usize = 4;
+                $call
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
