@@ -7,11 +7,15 @@
 //! pairs over the rows, values as row pairs over the channels; an int4 byte holds two codes
 //! that lie sixteen bytes apart in the int8 layout.
 //!
+//! Every array lives in the KV arena (`KvBuf`, `kv_arena.rs`), on huge pages where the kernel
+//! gives them, not on the heap.
+//!
 //! A level change rewrites one block from its f16 form; going back up is not exact (the
 //! values were rounded), so promotion needs the block's f16 copy or a recomputation, which
 //! the caller owns.
 
 use crate::kernels::widen_f16;
+use crate::kv_arena::KvBuf;
 use crate::kv_cache::BLOCK_TOKENS;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -26,30 +30,30 @@ const V_GROUP: usize = 32;
 /// their comments say.
 pub enum LayerBlock {
     F16 {
-        k: Box<[f16]>,
-        v: Box<[f16]>,
+        k: KvBuf<f16>,
+        v: KvBuf<f16>,
     },
     Int8 {
         /// `[kv_heads][head_dim / 2][BLOCK_TOKENS][2]`: channel pairs ([`key8_at`]).
-        k: Box<[i8]>,
+        k: KvBuf<i8>,
         /// Per channel: `[kv_heads][head_dim]`; a key is `k * scale`.
-        k_scale: Box<[f16]>,
+        k_scale: KvBuf<f16>,
         /// `[kv_heads][BLOCK_TOKENS / 2][head_dim][2]`: row pairs ([`value8_at`]).
-        v: Box<[i8]>,
+        v: KvBuf<i8>,
         /// Per position: `[kv_heads][BLOCK_TOKENS]`.
-        v_scale: Box<[f16]>,
+        v_scale: KvBuf<f16>,
     },
     Int4 {
         /// `[kv_heads][BLOCK_TOKENS * head_dim / 2]`, two codes a byte ([`key4_at`]).
-        k: Box<[u8]>,
+        k: KvBuf<u8>,
         /// Per channel, `[kv_heads][head_dim]` each; a key is `min + code * scale`.
-        k_scale: Box<[f16]>,
-        k_min: Box<[f16]>,
+        k_scale: KvBuf<f16>,
+        k_min: KvBuf<f16>,
         /// As `k`, [`value4_at`].
-        v: Box<[u8]>,
+        v: KvBuf<u8>,
         /// Per group of `V_GROUP` channels and position: `[kv_heads][groups][BLOCK_TOKENS]`.
-        v_scale: Box<[f16]>,
-        v_min: Box<[f16]>,
+        v_scale: KvBuf<f16>,
+        v_min: KvBuf<f16>,
     },
     Evicted,
     /// A sliding-window layer's block that no query of its sequence sees any more (it lies
@@ -62,7 +66,7 @@ impl LayerBlock {
     /// An f16 block of `kv_heads x head_dim`, zeroed.
     pub fn zeroed(kv_heads: usize, head_dim: usize) -> Self {
         let n = kv_heads * BLOCK_TOKENS * head_dim;
-        LayerBlock::F16 { k: vec![f16::ZERO; n].into_boxed_slice(), v: vec![f16::ZERO; n].into_boxed_slice() }
+        LayerBlock::F16 { k: KvBuf::zeroed(n), v: KvBuf::zeroed(n) }
     }
 
     pub fn level(&self) -> Level {
@@ -88,9 +92,9 @@ impl LayerBlock {
     }
 
     /// Asks the CPU to bring the keys (or values) of KV head `kv`, codes and scales, into its
-    /// cache: attention calls it for the next block while it works on this one. Blocks and
-    /// their scales are separate allocations, so the hardware prefetcher, which follows one
-    /// address stream, would otherwise stall at the first lines of each.
+    /// cache: attention calls it for the next block while it works on this one. Codes and
+    /// scales are separate chunks of the arena (`kv_arena.rs`), so the hardware prefetcher,
+    /// which follows one address stream, would otherwise stall at the first lines of each.
     #[inline(always)]
     pub fn prefetch(&self, kv: usize, hd: usize, keys: bool) {
         use crate::kernels::prefetch;

@@ -8,6 +8,7 @@
 //! The file is cut into slots of one layer block each (keys then values, f16 as in memory),
 //! reused once freed.
 
+use crate::kv_arena::KvBuf;
 use crate::kv_levels::LayerBlock;
 use half::f16;
 use std::fs::File;
@@ -60,8 +61,8 @@ impl Spill {
 
     /// The f16 layer block in `slot`; the slot stays taken.
     pub fn get(&self, slot: Slot) -> io::Result<LayerBlock> {
-        let mut k = vec![f16::ZERO; self.elems].into_boxed_slice();
-        let mut v = vec![f16::ZERO; self.elems].into_boxed_slice();
+        let mut k = KvBuf::<f16>::zeroed(self.elems);
+        let mut v = KvBuf::<f16>::zeroed(self.elems);
         let at = u64::from(slot) * self.slot_bytes();
         self.file.read_exact_at(bytemuck::cast_slice_mut(&mut k), at)?;
         self.file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at + self.slot_bytes() / 2)?;
@@ -84,8 +85,8 @@ mod tests {
     use super::*;
 
     fn block(seed: f32, elems: usize) -> LayerBlock {
-        let k: Box<[f16]> = (0..elems).map(|i| f16::from_f32(seed + i as f32 * 0.001)).collect();
-        let v: Box<[f16]> = (0..elems).map(|i| f16::from_f32(-seed - i as f32 * 0.002)).collect();
+        let k: KvBuf<f16> = (0..elems).map(|i| f16::from_f32(seed + i as f32 * 0.001)).collect();
+        let v: KvBuf<f16> = (0..elems).map(|i| f16::from_f32(-seed - i as f32 * 0.002)).collect();
         LayerBlock::F16 { k, v }
     }
 

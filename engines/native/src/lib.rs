@@ -13,6 +13,7 @@ pub mod cuda;
 mod embed;
 mod generation_config;
 pub mod kernels;
+pub mod kv_arena;
 pub mod kv_cache;
 pub mod kv_control;
 pub mod kv_eval;
