@@ -11,7 +11,7 @@
 //! kernel gives no huge pages (THP `never`, not Linux), the packing is what is left.
 //!
 //! Each region holds chunks of one size (a model has a handful: f16, int8 and int4 codes and
-//! their scales), handed out from the holes of any region first, then from an untouched end. A
+//! their scales), handed out from the region that last got a hole, else from an untouched end. A
 //! region whose last chunk goes is unmapped: the pool frees storage seldom (a finished request's
 //! blocks stay indexed for the next prompt), so this is rare, and an idle engine holds no empty
 //! regions. A region in use stays mapped whole, as pages of a heap do.
@@ -35,6 +35,8 @@ struct Region {
     bumped: usize,
     free: Vec<usize>,
     live: usize,
+    /// Listed in its size's `Arena::open`.
+    open: bool,
 }
 
 impl Region {
@@ -51,8 +53,9 @@ impl Region {
 #[derive(Default)]
 struct Arena {
     regions: BTreeMap<usize, Region>,
-    /// Per chunk size, the regions of that size.
-    by_size: HashMap<usize, Vec<usize>>,
+    /// Per chunk size, the regions of that size with room, the next to serve last: a region
+    /// that gets a hole goes last, so holes are filled before untouched room.
+    open: HashMap<usize, Vec<usize>>,
 }
 
 impl Arena {
@@ -62,27 +65,30 @@ impl Arena {
         if chunk > REGION_BYTES {
             return None;
         }
-        let bases = self.by_size.entry(chunk).or_default();
-        // Holes first, so that regions stay full and emptied ones can go; then untouched room.
-        let hole = bases.iter().rev().find(|b| !self.regions[b].free.is_empty());
-        let base = match hole.or_else(|| bases.iter().rev().find(|b| self.regions[b].has_room())) {
+        let open = self.open.entry(chunk).or_default();
+        let base = match open.last() {
             Some(&base) => base,
             None => {
                 let mut map = memmap2::MmapMut::map_anon(REGION_BYTES + HUGE_PAGE).ok()?;
                 #[cfg(target_os = "linux")]
                 let _ = map.advise(memmap2::Advice::HugePage); // a hint: THP may be off
                 let base = (map.as_mut_ptr() as usize).next_multiple_of(HUGE_PAGE);
-                self.regions.insert(base, Region { _map: map, chunk, bumped: 0, free: Vec::new(), live: 0 });
-                bases.push(base);
+                let region = Region { _map: map, chunk, bumped: 0, free: Vec::new(), live: 0, open: true };
+                self.regions.insert(base, region);
+                open.push(base);
                 base
             }
         };
-        let r = self.regions.get_mut(&base).expect("a listed region");
+        let r = self.regions.get_mut(&base).expect("an open region");
         let index = r.free.pop().unwrap_or_else(|| {
             r.bumped += 1;
             r.bumped - 1
         });
         r.live += 1;
+        if !r.has_room() {
+            r.open = false;
+            open.pop();
+        }
         NonNull::new((base + index * chunk) as *mut u8)
     }
 
@@ -92,17 +98,21 @@ impl Arena {
         let (&base, r) = self.regions.range_mut(..=at).next_back().expect("a chunk of a region");
         r.free.push((at - base) / r.chunk);
         r.live -= 1;
-        if r.live > 0 {
-            return;
+        let open = self.open.entry(r.chunk).or_default();
+        if r.live == 0 {
+            if r.open {
+                open.retain(|&b| b != base);
+            }
+            self.regions.remove(&base);
+        } else if !r.open {
+            r.open = true;
+            open.push(base);
         }
-        let chunk = r.chunk;
-        self.by_size.get_mut(&chunk).expect("a listed size").retain(|&b| b != base);
-        self.regions.remove(&base);
     }
 
     #[cfg(test)]
     fn regions_of(&self, bytes: usize) -> usize {
-        self.by_size.get(&bytes.next_multiple_of(ALIGN)).map_or(0, Vec::len)
+        self.regions.values().filter(|r| r.chunk == bytes.next_multiple_of(ALIGN)).count()
     }
 }
 
@@ -218,6 +228,43 @@ mod tests {
         let again = a.alloc(bytes).unwrap();
         assert_eq!(a.regions_of(bytes), 1, "a new region for the next chunk");
         a.free(again);
+    }
+
+    #[test]
+    fn any_order_of_allocs_and_frees_keeps_live_chunks_apart_and_ends_with_nothing_mapped() {
+        let mut a = Arena::default();
+        // Chunks big enough that a few hundred span several regions.
+        let sizes = [3 << 20, 5 << 20];
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        for _ in 0..2000 {
+            if live.is_empty() || next() % 3 != 0 {
+                let size = sizes[next() % 2];
+                live.push((a.alloc(size).unwrap().as_ptr() as usize, size));
+            } else {
+                let (p, _) = live.swap_remove(next() % live.len());
+                a.free(NonNull::new(p as *mut u8).unwrap());
+            }
+            if live.len() > 60 {
+                let (p, _) = live.swap_remove(next() % live.len());
+                a.free(NonNull::new(p as *mut u8).unwrap());
+            }
+        }
+        let mut spans = live.clone();
+        spans.sort_unstable();
+        assert!(spans.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "live chunks overlap");
+        // Every region still mapped holds a live chunk of its size.
+        for (&base, r) in &a.regions {
+            assert!(live
+                .iter()
+                .any(|&(p, s)| p >= base && p < base + REGION_BYTES && s.next_multiple_of(ALIGN) == r.chunk));
+        }
+        live.iter().for_each(|&(p, _)| a.free(NonNull::new(p as *mut u8).unwrap()));
+        assert!(a.regions.is_empty() && a.open.values().all(Vec::is_empty));
     }
 
     #[test]
