@@ -152,8 +152,9 @@ impl LayerBlock {
             Level::Evicted => Some(LayerBlock::Evicted),
             Level::Int8 => {
                 assert!(hd.is_multiple_of(2), "int8 codes are stored in pairs of channels");
-                let (mut kq, mut k_scale) = (vec![0i8; k.len()], vec![f16::ZERO; kv_heads * hd]);
-                let (mut vq, mut v_scale) = (vec![0i8; v.len()], vec![f16::ZERO; kv_heads * BLOCK_TOKENS]);
+                let (mut kq, mut k_scale) = (KvBuf::<i8>::zeroed(k.len()), KvBuf::<f16>::zeroed(kv_heads * hd));
+                let (mut vq, mut v_scale) =
+                    (KvBuf::<i8>::zeroed(v.len()), KvBuf::<f16>::zeroed(kv_heads * BLOCK_TOKENS));
                 for h in 0..kv_heads {
                     let base = h * BLOCK_TOKENS * hd;
                     for c in 0..hd {
@@ -173,16 +174,17 @@ impl LayerBlock {
                         }
                     }
                 }
-                Some(LayerBlock::Int8 { k: kq.into(), k_scale: k_scale.into(), v: vq.into(), v_scale: v_scale.into() })
+                Some(LayerBlock::Int8 { k: kq, k_scale, v: vq, v_scale })
             }
             Level::Int4 => {
                 assert!(hd.is_multiple_of(2), "int4 codes are stored in pairs of channels");
                 let groups = hd.div_ceil(V_GROUP);
-                let mut kq = vec![0u8; k.len() / 2];
-                let (mut k_scale, mut k_min) = (vec![f16::ZERO; kv_heads * hd], vec![f16::ZERO; kv_heads * hd]);
-                let mut vq = vec![0u8; v.len() / 2];
+                let mut kq = KvBuf::<u8>::zeroed(k.len() / 2);
+                let (mut k_scale, mut k_min) =
+                    (KvBuf::<f16>::zeroed(kv_heads * hd), KvBuf::<f16>::zeroed(kv_heads * hd));
+                let mut vq = KvBuf::<u8>::zeroed(v.len() / 2);
                 let gs = kv_heads * BLOCK_TOKENS * groups;
-                let (mut v_scale, mut v_min) = (vec![f16::ZERO; gs], vec![f16::ZERO; gs]);
+                let (mut v_scale, mut v_min) = (KvBuf::<f16>::zeroed(gs), KvBuf::<f16>::zeroed(gs));
                 for h in 0..kv_heads {
                     let base = h * BLOCK_TOKENS * hd;
                     let head = base / 2..(base + BLOCK_TOKENS * hd) / 2;
@@ -207,14 +209,7 @@ impl LayerBlock {
                         }
                     }
                 }
-                Some(LayerBlock::Int4 {
-                    k: kq.into(),
-                    k_scale: k_scale.into(),
-                    k_min: k_min.into(),
-                    v: vq.into(),
-                    v_scale: v_scale.into(),
-                    v_min: v_min.into(),
-                })
+                Some(LayerBlock::Int4 { k: kq, k_scale, k_min, v: vq, v_scale, v_min })
             }
         }
     }
