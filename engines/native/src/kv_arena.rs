@@ -6,8 +6,8 @@
 //! among everything else on 4 KiB pages: hundreds of MB of cache against a TLB that covers a few
 //! MB, and `perf` put the walk's stalls on its prefetches of the next block. Here they lie in
 //! 32 MiB regions advised `MADV_HUGEPAGE`, where a TLB entry covers 2 MiB, packed by size.
-//! Measured at 8 x 4,096 positions (`bench/RESULTS.md`): +10% decode with int4 blocks (half of
-//! it from the packing alone), +5-7% with f16 ones (all of it from the huge pages). Where the
+//! Measured at 8 x 4,096 positions (`bench/RESULTS.md`): +5-11% decode with int4 blocks (about
+//! half of it from the packing alone), +4-7% with f16 ones (all of it from the huge pages). Where the
 //! kernel gives no huge pages (THP `never`, not Linux), the packing is what is left.
 //!
 //! Each region holds chunks of one size (a model has a handful: f16, int8 and int4 codes and
