@@ -6,9 +6,10 @@
 //! among everything else on 4 KiB pages: hundreds of MB of cache against a TLB that covers a few
 //! MB, and `perf` put the walk's stalls on its prefetches of the next block. Here they lie in
 //! 32 MiB regions advised `MADV_HUGEPAGE`, where a TLB entry covers 2 MiB, packed by size.
-//! Measured at 8 x 4,096 positions (`bench/RESULTS.md`): +5-11% decode with int4 blocks (about
-//! half of it from the packing alone), +4-7% with f16 ones (all of it from the huge pages). Where the
-//! kernel gives no huge pages (THP `never`, not Linux), the packing is what is left.
+//! Measured at 8 x 4,096 positions (`bench/RESULTS.md`): +5-11% decode with int4 blocks
+//! (about half of it from the packing alone), +4-7% with f16 ones (all of it from the huge
+//! pages). Where the kernel gives no huge pages (THP `never`, not Linux), the packing is what
+//! is left.
 //!
 //! Each region holds chunks of one size (a model has a handful: f16, int8 and int4 codes and
 //! their scales), handed out from the region that last got a hole, else from an untouched end. A
@@ -164,15 +165,9 @@ impl<T: Copy> From<&[T]> for KvBuf<T> {
     }
 }
 
-impl<T: Copy> From<Vec<T>> for KvBuf<T> {
-    fn from(v: Vec<T>) -> Self {
-        v.as_slice().into()
-    }
-}
-
 impl<T: Copy> FromIterator<T> for KvBuf<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        iter.into_iter().collect::<Vec<T>>().into()
+        Self::from(iter.into_iter().collect::<Vec<T>>().as_slice())
     }
 }
 
