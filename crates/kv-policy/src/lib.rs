@@ -23,15 +23,15 @@
 //! spill tier); without one, levels only go down.
 //!
 //! What a policy costs a model in quality is estimated from a table the evaluator measures for
-//! that model (`calibration.rs`); the slow loop switches profiles to keep that estimate inside
-//! a quality budget (`profile_switch.rs`).
+//! that model (`calibration.rs`); the slow loop re-fits thresholds and switches profiles to keep
+//! that estimate inside a quality budget (`slow_loop.rs`).
 
 mod calibration;
-mod profile_switch;
+mod slow_loop;
 
 pub use calibration::{Calibration, CalibrationPoint, LevelCosts};
-pub use profile_switch::{next_profile, HEADROOM};
 use serde::{Deserialize, Serialize};
+pub use slow_loop::{adjust, Adjustment, Refit, HEADROOM, RANGE, STEP};
 
 /// The storage levels of a KV block (spec 002): L0 f16, L1 int8, L2 int4, L3 evicted. Ordered:
 /// a greater level stores less.

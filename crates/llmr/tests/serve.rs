@@ -434,9 +434,10 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
 
     // The slow loop under that quality budget (0.5%): the calibrated model runs `aggressive`
     // (int4 outside its 128-token window), which its table prices at 3% for a whole cache, so
-    // while a long request runs the estimate passes the budget and the loop switches the model
-    // to a safer profile. Requests run one after another until it does (the estimate counts
-    // the blocks of running requests only).
+    // while a long request runs the estimate passes the budget. The loop first shifts the
+    // profile's thresholds down, a step at a time to the end of their range (four steps at
+    // least), then switches the model to a safer profile. Requests run one after another until
+    // it does (the estimate counts the blocks of running requests only).
     let native_profile = |m: &Value| {
         let native = m["models"].as_array().unwrap().iter().find(|x| x["model"] == "smol-st").unwrap();
         native["kv_policy"]["profile"].as_str().unwrap().to_string()
@@ -465,6 +466,7 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
     });
     assert_ne!(native_profile(&m), "aggressive", "the loop switched the over-budget model: {m}");
     assert!(m["kv_profile_switches_total"].as_u64().unwrap() >= 1, "{m}");
+    assert!(m["kv_threshold_refits_total"].as_u64().unwrap() >= 4, "{m}");
 
     // The control API is not on the public listener.
     let r = s.http.post(format!("{}/v1/policy", s.url)).json(&json!({"kv": {}})).send().unwrap();

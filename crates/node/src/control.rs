@@ -3,8 +3,9 @@
 //! and without dropping requests (the engines take it between two steps); `POST /v1/run-context`
 //! records what the next jobs will look like; `GET /v1/metrics` reports speed, latency, memory
 //! and the KV cache's levels; `GET /v1/health`. A quality budget in the run context starts the
-//! slow loop's profile switching (`profile_loop.rs`). The same figures go, once a second, to a JSON
-//! Lines file when one is configured (spec telemetry). Nothing here carries user text.
+//! slow loop's threshold re-fit and profile switching (`slow_loop.rs`). The same figures go,
+//! once a second, to a JSON Lines file when one is configured (spec telemetry). Nothing here
+//! carries user text.
 //!
 //! A patch is checked whole by `llmr_kv_policy` before any engine sees it, so a refused one
 //! (400 naming the field) leaves every model's policy as it was.
@@ -12,6 +13,7 @@
 use crate::http::parse_json;
 use crate::metrics::{model_figures, quantile, GENERATED};
 use crate::models::ModelManager;
+use crate::slow_loop::Changes;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -53,7 +55,8 @@ pub struct ControlState {
     run_context: Mutex<Option<RunContext>>,
     /// The last reading of the generated-token counter, and the rate since the one before.
     rate: Mutex<(Instant, u64, f64)>,
-    /// Profiles the slow loop switched (`profile_loop.rs`).
+    /// Threshold steps and profile switches the slow loop made (`slow_loop.rs`).
+    refits: AtomicU64,
     profile_switches: AtomicU64,
 }
 
@@ -66,6 +69,7 @@ impl ControlState {
             models,
             run_context: Mutex::new(None),
             rate: Mutex::new(now),
+            refits: AtomicU64::new(0),
             profile_switches: AtomicU64::new(0),
         })
     }
@@ -79,8 +83,9 @@ impl ControlState {
         self.run_context.lock().unwrap().and_then(|rc| rc.quality_budget)
     }
 
-    pub fn count_profile_switches(&self, n: usize) {
-        self.profile_switches.fetch_add(n as u64, Ordering::Relaxed);
+    pub fn count_slow_loop_changes(&self, c: Changes) {
+        self.refits.fetch_add(c.refits as u64, Ordering::Relaxed);
+        self.profile_switches.fetch_add(c.profile_switches as u64, Ordering::Relaxed);
     }
 
     /// Tokens a second since the previous reading (at least half a second ago; a reading closer
@@ -153,6 +158,7 @@ impl ControlState {
             "quality": { "delta_ppl_est": delta_ppl_est.map(|e| (e * 1e4).round() / 1e4) },
             "kv_policy": self.models.kv_policy(),
             "policy_errors_total": policy_errors,
+            "kv_threshold_refits_total": self.refits.load(Ordering::Relaxed),
             "kv_profile_switches_total": self.profile_switches.load(Ordering::Relaxed),
             "run_context": *self.run_context.lock().unwrap(),
             "models": models,

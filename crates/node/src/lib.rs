@@ -30,8 +30,8 @@ pub mod modality_gate;
 pub mod models;
 mod node;
 pub mod plugin_reload;
-pub mod profile_loop;
 pub mod prompt;
+pub mod slow_loop;
 pub mod thinking_budget;
 
 pub use devices::{Device, DeviceInventory};

@@ -259,7 +259,7 @@ impl Node {
                     .await
                     .map_err(|e| anyhow::anyhow!("the control API cannot listen on {addr}: {e}"))?;
                 tracing::info!(%addr, "control API listening (loopback only)");
-                crate::profile_loop::spawn(self.control.clone());
+                crate::slow_loop::spawn(self.control.clone());
                 let router = self.control_router();
                 Some(tokio::spawn(async move { axum::serve(listener, router).await }))
             }
