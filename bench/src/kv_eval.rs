@@ -10,6 +10,11 @@
 //!           --text ~/.cache/llmr/models/corpus/hamlet_gut.txt --ctx 2048 --level int8
 //!   kv-eval ... --ctx 4096 --profile balanced --budget-share 0.3
 //!
+//! `--passkey N` asks instead whether the policy keeps a fact from far back: N prompts of
+//! `--ctx` tokens of the text, each with a pass key said once at a depth from 5% to 95% and
+//! asked for at the end, answered greedily over both caches (`llmr_native_engine::kv_retrieval`).
+//! Prints one JSON object: the answers each cache got right, per depth, and the KV bytes.
+//!
 //! `--calibrate` runs a fixed set instead (static int8 and int4, the balanced and aggressive
 //! profiles under pressure), fits what each level costs this model and writes the table into the
 //! model's folder (`llmr_kv_policy::Calibration`), where the engine reads it at load to report
@@ -23,6 +28,7 @@ use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
 use llmr_native_engine::kv_cache::{Shape, BLOCK_TOKENS};
 use llmr_native_engine::kv_eval::{evaluate, EvalOptions, EvalReport};
+use llmr_native_engine::kv_retrieval::{answer, passkey_prompts, ANSWER_TOKENS};
 use llmr_native_engine::tokenizer::ModelTokenizer;
 use std::path::PathBuf;
 
@@ -60,6 +66,9 @@ struct Args {
     /// Measure the model's calibration table and write it into its folder.
     #[arg(long, conflicts_with_all = ["profile", "evict"])]
     calibrate: bool,
+    /// Pass-key retrieval over this many prompts instead of perplexity.
+    #[arg(long, conflicts_with = "calibrate")]
+    passkey: Option<usize>,
 }
 
 /// The runs a calibration fits to: (policy patch, budget share, what it is).
@@ -97,11 +106,11 @@ fn main() -> Result<()> {
     let tokenizer =
         ModelTokenizer::load(&a.model, config.vocab, &config.eos, config.bos).map_err(anyhow::Error::msg)?;
     let text = std::fs::read_to_string(&a.text).with_context(|| a.text.display().to_string())?;
-    let mut tokens = tokenizer.encode(&text, true, false).map_err(anyhow::Error::msg)?;
-    if tokens.len() < a.ctx || a.ctx <= a.window + 1 {
-        bail!("--ctx {} needs a text of as many tokens ({}) and more than --window + 1", a.ctx, tokens.len());
+    let text_tokens = tokenizer.encode(&text, true, false).map_err(anyhow::Error::msg)?;
+    if text_tokens.len() < a.ctx || a.ctx <= a.window + 1 {
+        bail!("--ctx {} needs a text of as many tokens ({}) and more than --window + 1", a.ctx, text_tokens.len());
     }
-    tokens.truncate(a.ctx);
+    let tokens = &text_tokens[..a.ctx];
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
     let f16_bytes = a.ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
     let run = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<(KvPolicy, EvalReport)> {
@@ -113,7 +122,7 @@ fn main() -> Result<()> {
             evict,
             control_ids: tokenizer.control_ids.clone(),
         };
-        Ok((policy, evaluate(&model, shape, config.vocab, &tokens, &options)?))
+        Ok((policy, evaluate(&model, shape, config.vocab, tokens, &options)?))
     };
     let model_name = a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let report = |policy: &KvPolicy, budget_share: f64, evict: f64, r: &EvalReport| {
@@ -129,11 +138,48 @@ fn main() -> Result<()> {
             "policy_seconds": r.policy_seconds, "passes": r.passes,
         })
     };
-    if !a.calibrate {
-        let patch = match &a.profile {
-            Some(profile) => serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": a.window}),
-            None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
+    let patch = match &a.profile {
+        Some(profile) => serde_json::json!({"mode": "dynamic", "profile": profile, "recent_window": a.window}),
+        None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
+    };
+    if let Some(n) = a.passkey {
+        let policy = KvPolicy::baseline().patched_json(&patch)?;
+        let options = EvalOptions {
+            step: a.step,
+            policy,
+            budget: Some((f16_bytes as f64 * a.budget_share) as usize),
+            evict: a.evict,
+            control_ids: tokenizer.control_ids.clone(),
         };
+        let mut trials = Vec::new();
+        let (mut right_f16, mut right, mut same) = (0, 0, 0);
+        let (mut kv_bytes, mut kv_bytes_f16, mut levels) = (0, 0, [0usize; 4]);
+        for p in passkey_prompts(&tokenizer, &text_tokens, a.ctx, n).map_err(anyhow::Error::msg)? {
+            let r = answer(&model, shape, config.vocab, &p.tokens, ANSWER_TOKENS, &options)?;
+            let text = |ids: &[u32]| ids.iter().map(|&id| tokenizer.piece(id)).collect::<String>();
+            let (got_f16, got) = (text(&r.f16), text(&r.policy));
+            let (ok_f16, ok) = (got_f16.contains(&p.key), got.contains(&p.key));
+            (right_f16, right, same) =
+                (right_f16 + ok_f16 as usize, right + ok as usize, same + (r.f16 == r.policy) as usize);
+            (kv_bytes, kv_bytes_f16) = (kv_bytes + r.kv_bytes, kv_bytes_f16 + r.kv_bytes_f16);
+            levels = [0, 1, 2, 3].map(|l| levels[l] + r.levels[l]);
+            eprintln!("depth {:.2}: key {} f16 {got_f16:?} policy {got:?}", p.depth, p.key);
+            trials.push(serde_json::json!({"depth": p.depth, "f16": ok_f16, "policy": ok}));
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": model_name, "ctx": a.ctx, "step": a.step, "evict": a.evict,
+                "budget_share": a.budget_share, "policy": policy, "threads": a.threads,
+                "prompts": n, "right_f16": right_f16, "right": right, "same_answer": same,
+                "kv_bytes_f16": kv_bytes_f16 / n.max(1), "kv_bytes": kv_bytes / n.max(1),
+                "kv_saving": 1.0 - kv_bytes as f64 / kv_bytes_f16.max(1) as f64, "levels": levels,
+                "trials": trials,
+            })
+        );
+        return Ok(());
+    }
+    if !a.calibrate {
         let (policy, r) = run(&patch, a.budget_share, a.evict)?;
         println!("{}", report(&policy, a.budget_share, a.evict, &r));
         return Ok(());

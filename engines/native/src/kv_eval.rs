@@ -53,24 +53,74 @@ impl EvalReport {
 }
 
 /// One cache and its sequence.
-struct Run {
-    pool: KvPool,
-    table: BlockTable,
+pub(crate) struct Run {
+    pub pool: KvPool,
+    pub table: BlockTable,
     scratch: Scratch,
-    seconds: f64,
+    pub seconds: f64,
 }
 
 impl Run {
-    /// Runs `tokens` at positions from `start`, room for them reserved already.
-    fn step(&mut self, model: &Model, tokens: &[u32], start: usize) -> Result<Vec<f32>, ForwardError> {
+    /// An empty sequence over a pool of `blocks` blocks, within `budget` bytes if given.
+    pub fn new(shape: Shape, blocks: usize, budget: Option<usize>) -> Run {
+        let pool = KvPool::new(shape, blocks);
+        let pool = match budget {
+            Some(bytes) => pool.with_budget(bytes),
+            None => pool,
+        };
+        Run { pool, table: BlockTable::default(), scratch: Scratch::default(), seconds: 0.0 }
+    }
+
+    /// Runs `tokens` at positions from `start`, room for them reserved already; the logits of
+    /// every one of them, or with `last_only` of the last.
+    pub fn step(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        start: usize,
+        last_only: bool,
+    ) -> Result<Vec<f32>, ForwardError> {
         let n = tokens.len();
         self.table.len += n;
-        let batch: Vec<BatchToken> =
-            (0..n).map(|i| BatchToken { token: tokens[i], seq: 0, pos: start + i, logits: true }).collect();
+        let batch: Vec<BatchToken> = (0..n)
+            .map(|i| BatchToken { token: tokens[i], seq: 0, pos: start + i, logits: !last_only || i + 1 == n })
+            .collect();
         let t = std::time::Instant::now();
         let logits = model.forward(&mut self.pool, &[&self.table], &batch, &mut self.scratch)?;
         self.seconds += t.elapsed().as_secs_f64();
         Ok(logits)
+    }
+
+    /// Room for `n` more tokens of the sequence `seen` begins. Where the budget has none, the
+    /// policy's pass makes it with what the step needs (the scheduler's fast loop), once.
+    pub fn reserve_under(&mut self, o: &EvalOptions, seen: &[u32], n: usize, ctx: usize) -> Result<(), ForwardError> {
+        if self.pool.reserve(&mut self.table, n).is_ok() {
+            return Ok(());
+        }
+        let missing = (self.table.len + n).div_ceil(BLOCK_TOKENS) - self.table.blocks.len();
+        let need = missing * self.pool.shape().block_bytes();
+        let seq = SeqView { table: &self.table, tokens: seen };
+        kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), need);
+        self.pool.reserve(&mut self.table, n).map_err(|_| {
+            ForwardError(format!(
+                "at position {} the policy keeps {} bytes of a {}-byte budget: no room for the next step",
+                seen.len(),
+                self.pool.held_bytes(),
+                self.pool.budget()
+            ))
+        })
+    }
+
+    /// The policy's pass between steps (the mid loop), then the least attended blocks evicted
+    /// up to `o.evict` of those it may change. Returns the pass's seconds.
+    pub fn policy_pass(&mut self, o: &EvalOptions, seen: &[u32], ctx: usize) -> f64 {
+        let t = std::time::Instant::now();
+        let seq = SeqView { table: &self.table, tokens: seen };
+        kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), 0);
+        let seconds = t.elapsed().as_secs_f64();
+        let changeable = o.policy.changeable(self.table.len, BLOCK_TOKENS);
+        evict_least_attended(self, changeable, o.evict);
+        seconds
     }
 }
 
@@ -110,16 +160,7 @@ pub fn evaluate(
     let window = o.policy.recent_window;
     assert!(o.step > 0 && tokens.len() > window + 1);
     let blocks = tokens.len().div_ceil(BLOCK_TOKENS);
-    let new_run = || Run {
-        pool: KvPool::new(shape, blocks),
-        table: BlockTable::default(),
-        scratch: Scratch::default(),
-        seconds: 0.0,
-    };
-    let (mut base, mut test) = (new_run(), new_run());
-    if let Some(bytes) = o.budget {
-        test.pool = test.pool.with_budget(bytes);
-    }
+    let (mut base, mut test) = (Run::new(shape, blocks, None), Run::new(shape, blocks, o.budget));
     test.pool.track_attention(o.evict > 0.0 || o.policy.needs_attention());
     let (mut policy_seconds, mut passes) = (0.0, 0);
     let (mut nll_base, mut nll_test, mut agree) = (0f64, 0f64, 0usize);
@@ -127,22 +168,9 @@ pub fn evaluate(
     for start in (0..tokens.len()).step_by(o.step) {
         let end = (start + o.step).min(tokens.len());
         base.pool.reserve(&mut base.table, end - start).map_err(|e| ForwardError(e.to_string()))?;
-        if test.pool.reserve(&mut test.table, end - start).is_err() {
-            // No room: the policy's pass with what the step needs (the scheduler's fast loop), once.
-            let missing = (test.table.len + end - start).div_ceil(BLOCK_TOKENS) - test.table.blocks.len();
-            let seq = SeqView { table: &test.table, tokens: &tokens[..start] };
-            let need = missing * shape.block_bytes();
-            kv_control::apply(&o.policy, &mut test.pool, &[seq], tokens.len(), &|t| o.control_ids.contains(&t), need);
-            test.pool.reserve(&mut test.table, end - start).map_err(|_| {
-                ForwardError(format!(
-                    "at position {start} the policy keeps {} bytes of a {}-byte budget: no room for the next step",
-                    test.pool.held_bytes(),
-                    test.pool.budget()
-                ))
-            })?;
-        }
-        let lb = base.step(model, &tokens[start..end], start)?;
-        let lt = test.step(model, &tokens[start..end], start)?;
+        test.reserve_under(o, &tokens[..start], end - start, tokens.len())?;
+        let lb = base.step(model, &tokens[start..end], start, false)?;
+        let lt = test.step(model, &tokens[start..end], start, false)?;
         for p in start.max(window)..end.min(tokens.len() - 1) {
             let (row_b, row_t) = (&lb[(p - start) * vocab..][..vocab], &lt[(p - start) * vocab..][..vocab]);
             let (rb, rt) = (log_softmax(row_b), log_softmax(row_t));
@@ -152,14 +180,8 @@ pub fn evaluate(
             klds.push(rb.iter().zip(&rt).map(|(b, t)| b.exp() * (b - t)).sum::<f64>().max(0.0));
             agree += (argmax(row_b) == argmax(row_t)) as usize;
         }
-        // The policy between steps, then the least attended blocks evicted up to the share asked.
-        let t = std::time::Instant::now();
-        let seq = SeqView { table: &test.table, tokens: &tokens[..end] };
-        kv_control::apply(&o.policy, &mut test.pool, &[seq], tokens.len(), &|t| o.control_ids.contains(&t), 0);
-        policy_seconds += t.elapsed().as_secs_f64();
+        policy_seconds += test.policy_pass(o, &tokens[..end], tokens.len());
         passes += 1;
-        let changeable = o.policy.changeable(test.table.len, BLOCK_TOKENS);
-        evict_least_attended(&mut test, changeable, o.evict);
     }
     let n = klds.len() as f64;
     let kld_mean = klds.iter().sum::<f64>() / n;

@@ -18,6 +18,7 @@ pub mod kv_cache;
 pub mod kv_control;
 pub mod kv_eval;
 pub mod kv_levels;
+pub mod kv_retrieval;
 pub mod kv_spill;
 pub mod rope;
 mod scheduler;

@@ -14,6 +14,7 @@ mod goldens;
 mod gpt_oss_chat;
 mod kv_levels;
 mod kv_policy;
+mod kv_retrieval;
 mod random_checkpoint;
 mod real_models;
 mod support;

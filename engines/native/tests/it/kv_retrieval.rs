@@ -1,0 +1,58 @@
+//! Pass-key retrieval on real weights (SmolLM2-135M, 512-token prompts of Hamlet with a key said
+//! once, `kv_retrieval`): the f16 cache finds every key, an int8 cache gives the very same
+//! answers, and evicting the blocks that hold the key loses it, which perplexity alone would
+//! hardly show.
+
+use crate::support::cached_model;
+use llmr_kv_policy::KvPolicy;
+use llmr_native_engine::arch::Model;
+use llmr_native_engine::checkpoint::Checkpoint;
+use llmr_native_engine::config::ModelConfig;
+use llmr_native_engine::kv_cache::Shape;
+use llmr_native_engine::kv_eval::EvalOptions;
+use llmr_native_engine::kv_retrieval::{answer, passkey_prompts, ANSWER_TOKENS};
+use llmr_native_engine::tokenizer::ModelTokenizer;
+use serde_json::json;
+
+#[test]
+fn a_key_said_once_survives_int8_and_is_lost_with_its_blocks() {
+    let dir = cached_model("smollm2-hf");
+    let config = ModelConfig::read(&dir.join("config.json")).unwrap();
+    let model = Model::load(&config, &Checkpoint::open(&dir.join("model.safetensors")).unwrap()).unwrap();
+    let tokenizer = ModelTokenizer::load(&dir, config.vocab, &config.eos, config.bos).unwrap();
+    let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let hamlet = tokenizer.encode(&text, true, false).unwrap();
+    let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
+    // Depths 5% and 50%: the key's sentence lies outside the first block and the f16 window.
+    let prompts = passkey_prompts(&tokenizer, &hamlet, 512, 3).unwrap();
+    assert!(prompts.iter().all(|p| p.tokens.len() + ANSWER_TOKENS == 512));
+    let keys: Vec<&str> = prompts.iter().map(|p| p.key.as_str()).collect();
+    assert!(keys[0] != keys[1] && keys[1] != keys[2], "{keys:?}");
+    let text_of = |ids: &[u32]| ids.iter().map(|&id| tokenizer.piece(id)).collect::<String>();
+    let run = |policy: serde_json::Value, evict: f64| {
+        let options = EvalOptions {
+            step: 64,
+            policy: KvPolicy::baseline().patched_json(&policy).unwrap(),
+            budget: None,
+            evict,
+            control_ids: tokenizer.control_ids.clone(),
+        };
+        prompts[..2]
+            .iter()
+            .map(|p| answer(&model, shape, config.vocab, &p.tokens, ANSWER_TOKENS, &options).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let int8 = run(json!({"static_level": "int8"}), 0.0);
+    for (p, a) in prompts.iter().zip(&int8) {
+        let (f16, policy) = (text_of(&a.f16), text_of(&a.policy));
+        assert!(f16.contains(&p.key), "f16 at depth {}: {f16:?}, key {}", p.depth, p.key);
+        assert_eq!(a.policy, a.f16, "int8 at depth {}: {policy:?} against {f16:?}", p.depth);
+        assert!(a.kv_bytes < a.kv_bytes_f16 && a.levels[1] > 0, "{a:?}");
+    }
+    // Every block outside the first and the window evicted: the key is gone.
+    for (p, a) in prompts.iter().zip(run(json!({"static_level": "int8"}), 1.0)) {
+        let policy = text_of(&a.policy);
+        assert!(!policy.contains(&p.key), "depth {}: {policy:?} still has {}", p.depth, p.key);
+        assert!(text_of(&a.f16).contains(&p.key));
+    }
+}
