@@ -113,16 +113,18 @@ fn main() -> Result<()> {
     let tokens = &text_tokens[..a.ctx];
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
     let f16_bytes = a.ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
-    let run = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<(KvPolicy, EvalReport)> {
-        let policy = KvPolicy::baseline().patched_json(patch)?;
-        let options = EvalOptions {
+    let options_for = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<EvalOptions> {
+        Ok(EvalOptions {
             step: a.step,
-            policy,
+            policy: KvPolicy::baseline().patched_json(patch)?,
             budget: Some((f16_bytes as f64 * budget_share) as usize),
             evict,
             control_ids: tokenizer.control_ids.clone(),
-        };
-        Ok((policy, evaluate(&model, shape, config.vocab, tokens, &options)?))
+        })
+    };
+    let run = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<(KvPolicy, EvalReport)> {
+        let options = options_for(patch, budget_share, evict)?;
+        Ok((options.policy, evaluate(&model, shape, config.vocab, tokens, &options)?))
     };
     let model_name = a.model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
     let report = |policy: &KvPolicy, budget_share: f64, evict: f64, r: &EvalReport| {
@@ -143,14 +145,7 @@ fn main() -> Result<()> {
         None => serde_json::json!({"static_level": a.level, "recent_window": a.window}),
     };
     if let Some(n) = a.passkey {
-        let policy = KvPolicy::baseline().patched_json(&patch)?;
-        let options = EvalOptions {
-            step: a.step,
-            policy,
-            budget: Some((f16_bytes as f64 * a.budget_share) as usize),
-            evict: a.evict,
-            control_ids: tokenizer.control_ids.clone(),
-        };
+        let options = options_for(&patch, a.budget_share, a.evict)?;
         let mut trials = Vec::new();
         let (mut right_f16, mut right, mut same) = (0, 0, 0);
         let (mut kv_bytes, mut kv_bytes_f16, mut levels) = (0, 0, [0usize; 4]);
@@ -170,10 +165,11 @@ fn main() -> Result<()> {
             "{}",
             serde_json::json!({
                 "model": model_name, "ctx": a.ctx, "step": a.step, "evict": a.evict,
-                "budget_share": a.budget_share, "policy": policy, "threads": a.threads,
+                "budget_share": a.budget_share, "policy": options.policy, "threads": a.threads,
                 "prompts": n, "right_f16": right_f16, "right": right, "same_answer": same,
                 "kv_bytes_f16": kv_bytes_f16 / n.max(1), "kv_bytes": kv_bytes / n.max(1),
-                "kv_saving": 1.0 - kv_bytes as f64 / kv_bytes_f16.max(1) as f64, "levels": levels,
+                "kv_saving": 1.0 - kv_bytes as f64 / kv_bytes_f16.max(1) as f64,
+                "levels": levels.map(|l| l / n.max(1)),
                 "trials": trials,
             })
         );
