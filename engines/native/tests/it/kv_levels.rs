@@ -17,8 +17,8 @@ use llmr_native_engine::kv_eval::{evaluate, EvalOptions, EvalReport};
 use llmr_native_engine::tokenizer::ModelTokenizer;
 use serde_json::json;
 
-/// SmolLM2 with its tokenizer, and the tokens of Hamlet.
-fn smollm2_on_hamlet() -> (ModelConfig, Model, ModelTokenizer, Vec<u32>, Shape) {
+/// SmolLM2 with its tokenizer, and the tokens of Hamlet (the retrieval test's too).
+pub(crate) fn smollm2_on_hamlet() -> (ModelConfig, Model, ModelTokenizer, Vec<u32>, Shape) {
     let dir = cached_model("smollm2-hf");
     let config = ModelConfig::read(&dir.join("config.json")).unwrap();
     let model = Model::load(&config, &Checkpoint::open(&dir.join("model.safetensors")).unwrap()).unwrap();

@@ -3,26 +3,15 @@
 //! answers, and evicting the blocks that hold the key loses it, which perplexity alone would
 //! hardly show.
 
-use crate::support::cached_model;
+use crate::kv_levels::smollm2_on_hamlet;
 use llmr_kv_policy::KvPolicy;
-use llmr_native_engine::arch::Model;
-use llmr_native_engine::checkpoint::Checkpoint;
-use llmr_native_engine::config::ModelConfig;
-use llmr_native_engine::kv_cache::Shape;
 use llmr_native_engine::kv_eval::EvalOptions;
 use llmr_native_engine::kv_retrieval::{answer, passkey_prompts, ANSWER_TOKENS};
-use llmr_native_engine::tokenizer::ModelTokenizer;
 use serde_json::json;
 
 #[test]
 fn a_key_said_once_survives_int8_and_is_lost_with_its_blocks() {
-    let dir = cached_model("smollm2-hf");
-    let config = ModelConfig::read(&dir.join("config.json")).unwrap();
-    let model = Model::load(&config, &Checkpoint::open(&dir.join("model.safetensors")).unwrap()).unwrap();
-    let tokenizer = ModelTokenizer::load(&dir, config.vocab, &config.eos, config.bos).unwrap();
-    let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
-    let hamlet = tokenizer.encode(&text, true, false).unwrap();
-    let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
+    let (config, model, tokenizer, hamlet, shape) = smollm2_on_hamlet();
     // Depths 5% and 50%: the key's sentence lies outside the first block and the f16 window.
     let prompts = passkey_prompts(&tokenizer, &hamlet, 512, 3).unwrap();
     assert!(prompts.iter().all(|p| p.tokens.len() + ANSWER_TOKENS == 512));
