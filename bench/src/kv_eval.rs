@@ -69,6 +69,14 @@ struct Args {
     /// Pass-key retrieval over this many prompts instead of perplexity.
     #[arg(long, conflicts_with = "calibrate")]
     passkey: Option<usize>,
+    /// Keep the f16 copies of blocks stored lower, as serving does by default: the policy
+    /// promotes blocks back.
+    #[arg(long)]
+    copies: bool,
+    /// With copies, read evicted blocks back for a step when a query could give their
+    /// positions this share of its best held position's weight (serving's default: 0.05).
+    #[arg(long, conflicts_with = "calibrate")]
+    recall: Option<f32>,
 }
 
 /// The runs a calibration fits to: (policy patch, budget share, what it is).
@@ -95,6 +103,9 @@ fn main() -> Result<()> {
     if !(0.0..=1.0).contains(&a.evict) {
         bail!("--evict {} is not a share between 0 and 1", a.evict);
     }
+    if a.recall.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
+        bail!("--recall must be a positive share");
+    }
     if a.step == 0 || !(a.budget_share > 0.0 && a.budget_share <= 1.0) {
         bail!("--step must be positive and --budget-share a share in (0, 1]");
     }
@@ -120,6 +131,8 @@ fn main() -> Result<()> {
             budget: Some((f16_bytes as f64 * budget_share) as usize),
             evict,
             control_ids: tokenizer.control_ids.clone(),
+            copies: a.copies,
+            recall: a.recall,
         })
     };
     let run = |patch: &serde_json::Value, budget_share: f64, evict: f64| -> Result<(KvPolicy, EvalReport)> {
@@ -138,6 +151,7 @@ fn main() -> Result<()> {
             "kv_saving": 1.0 - r.kv_bytes as f64 / r.kv_bytes_f16 as f64, "levels": r.levels,
             "seconds_f16": r.seconds_f16, "seconds": r.seconds,
             "policy_seconds": r.policy_seconds, "passes": r.passes,
+            "copies": a.copies || a.recall.is_some(), "recall": a.recall, "recalls": r.recalls,
         })
     };
     let patch = match &a.profile {
@@ -148,7 +162,7 @@ fn main() -> Result<()> {
         let options = options_for(&patch, a.budget_share, a.evict)?;
         let mut trials = Vec::new();
         let (mut right_f16, mut right, mut same) = (0, 0, 0);
-        let (mut kv_bytes, mut kv_bytes_f16, mut levels) = (0, 0, [0usize; 4]);
+        let (mut kv_bytes, mut kv_bytes_f16, mut levels, mut recalls) = (0, 0, [0usize; 4], 0);
         for p in passkey_prompts(&tokenizer, &text_tokens, a.ctx, n).map_err(anyhow::Error::msg)? {
             let r = answer(&model, shape, config.vocab, &p.tokens, ANSWER_TOKENS, &options)?;
             let text = |ids: &[u32]| ids.iter().map(|&id| tokenizer.piece(id)).collect::<String>();
@@ -158,6 +172,7 @@ fn main() -> Result<()> {
                 (right_f16 + ok_f16 as usize, right + ok as usize, same + (r.f16 == r.policy) as usize);
             (kv_bytes, kv_bytes_f16) = (kv_bytes + r.kv_bytes, kv_bytes_f16 + r.kv_bytes_f16);
             levels = [0, 1, 2, 3].map(|l| levels[l] + r.levels[l]);
+            recalls += r.recalls;
             eprintln!("depth {:.2}: key {} f16 {got_f16:?} policy {got:?}", p.depth, p.key);
             trials.push(serde_json::json!({"depth": p.depth, "f16": ok_f16, "policy": ok}));
         }
@@ -170,6 +185,7 @@ fn main() -> Result<()> {
                 "kv_bytes_f16": kv_bytes_f16 / n.max(1), "kv_bytes": kv_bytes / n.max(1),
                 "kv_saving": 1.0 - kv_bytes as f64 / kv_bytes_f16.max(1) as f64,
                 "levels": levels.map(|l| l / n.max(1)),
+                "copies": a.copies || a.recall.is_some(), "recall": a.recall, "recalls": recalls,
                 "trials": trials,
             })
         );

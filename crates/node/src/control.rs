@@ -135,6 +135,7 @@ impl ControlState {
                 "policy_seconds_total": figures.get("policy_seconds_total"),
                 "policy_blocks_changed_total": figures.get("policy_blocks_changed_total"),
                 "policy_blocks_promoted_total": figures.get("policy_blocks_promoted_total"),
+                "kv_recalls_total": figures.get("kv_recalls_total"),
                 "policy_errors_total": figures.get("policy_errors_total"),
                 // Sequences the engine set aside for room: pressure the policy
                 // did not absorb.

@@ -3,8 +3,10 @@
 //! to 16 consecutive queries of one sequence (a prompt chunk; a decode token is a tile alone)
 //! and one key/value head: it widens each block's keys or values to f32 once for the whole
 //! tile, except that a decoding token's tile reads f16 blocks in place, and int8 and int4
-//! blocks are always read in place by the integer kernels. The task body is compiled a second
-//! time for AVX2 + FMA, chosen at run time.
+//! blocks are always read in place by the integer kernels. An evicted block's positions weigh
+//! nothing, unless it has a key index and a query would weigh it: then it is read back from its
+//! f16 copy for the step (`kv_recall.rs`). The task body is compiled a second time for AVX2 +
+//! FMA, chosen at run time.
 
 use crate::kernels::panel::Out;
 use crate::kernels::{simd, widen_f16};
@@ -36,13 +38,15 @@ pub struct AttentionShape<'a> {
 /// block of keys and values is widened to f32 once for all of them rather than once per query.
 const QUERY_TILE: usize = 16;
 
-/// Per-task buffers: one block of widened keys or values, the scores of the tile's queries, and
-/// queries or weights with int8 scales folded in.
+/// Per-task buffers: one block of widened keys or values, the scores of the tile's queries,
+/// queries or weights with int8 scales folded in, and the recall's probe.
 #[derive(Default)]
 struct TaskScratch {
     block: Vec<f32>,
     scores: Vec<f32>,
     fold: Vec<f32>,
+    /// The scores of a tile with evicted blocks, as weights: what recall reads (`kv_recall.rs`).
+    probe: Vec<f32>,
 }
 
 /// `q`: `tokens x heads x head_dim`; writes `out` of the same shape.
@@ -103,7 +107,7 @@ impl Tile<'_, '_> {
     }
 
     #[inline(always)]
-    fn run<const SIMD: bool>(&self, TaskScratch { block, scores, fold }: &mut TaskScratch) {
+    fn run<const SIMD: bool>(&self, TaskScratch { block, scores, fold, probe }: &mut TaskScratch) {
         let shape = self.shape;
         let hd = shape.head_dim;
         let group = shape.heads / shape.kv_heads;
@@ -136,27 +140,72 @@ impl Tile<'_, '_> {
             let t = self.first_token + i;
             &self.q[(t * shape.heads + kv * group) * hd..][..group * hd]
         };
-        // Scores, one block of keys at a time.
-        let mut blocks = visible(&span).peekable();
-        let mut ahead = visible(&span).skip(2);
-        while let Some((id, start, from, to)) = blocks.next() {
-            if prefetch {
-                self.prefetch(blocks.peek(), ahead.next(), true);
-            }
-            // None: an evicted block, whose positions weigh nothing.
-            let keys = block_rows(self.pool.layer(id, layer), kv, hd, true, (from, to), (kernels, in_place), block);
+        // The scores of one block's keys, `None` (an evicted block) weighing nothing.
+        let score = |keys: Option<&BlockRows<'_>>, scores: &mut [f32], (start, from, to), fold: &mut Vec<f32>| {
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
                 if a >= b {
                     continue; // a sliding window that starts past this block
                 }
                 let first = (i * group) * len + start + a - lo;
-                match &keys {
+                match keys {
                     Some(rows) => {
                         dots::<SIMD>(rows, (a, b), hd, heads_of(i), group, shape.scale, &mut scores[first..], len, fold)
                     }
                     None => (0..group).for_each(|g| scores[first + g * len..][..b - a].fill(f32::NEG_INFINITY)),
                 }
+            }
+        };
+        // Scores, one block of keys at a time; an evicted block with a key index is scored
+        // against it and set aside.
+        let mut indexed = Vec::new();
+        let mut blocks = visible(&span).peekable();
+        let mut ahead = visible(&span).skip(2);
+        while let Some((id, start, from, to)) = blocks.next() {
+            if prefetch {
+                self.prefetch(blocks.peek(), ahead.next(), true);
+            }
+            let stored = self.pool.layer(id, layer);
+            let keys = match stored {
+                LayerBlock::Evicted(Some(index)) if self.pool.recall_share().is_some() => {
+                    indexed.push((id, start, from, to));
+                    Some(if kernels {
+                        index.rows(kv, hd)
+                    } else {
+                        index.keys_into(kv, hd, (from, to), block);
+                        BlockRows { data: RowData::F32(block), scale: None, min: None, group: hd }
+                    })
+                }
+                _ => block_rows(stored, kv, hd, true, (from, to), (kernels, in_place), block),
+            };
+            score(keys.as_ref(), scores, (start, from, to), fold);
+        }
+        // An indexed block some query would weigh is read back and scored exactly; the others
+        // weigh nothing (`kv_recall.rs`).
+        let mut recalled: Vec<(BlockId, LayerBlock)> = Vec::new();
+        if let (false, Some(share)) = (indexed.is_empty(), self.pool.recall_share()) {
+            // The weights the rows would give, evicted positions scored by their index.
+            probe.clear();
+            probe.extend_from_slice(scores);
+            for r in 0..rows {
+                let qp = &self.queries[r / group];
+                softmax::<SIMD>(
+                    &mut probe[r * len..][qp.first - lo..qp.pos + 1 - lo],
+                    shape.sinks.map(|s| s[kv * group + r % group]),
+                );
+            }
+            for (id, start, from, to) in indexed {
+                let wanted = (0..self.queries.len()).any(|i| {
+                    let (a, b) = seen(i, start, from, to);
+                    let at = |g: usize| (i * group + g) * len + start + a - lo;
+                    a < b && (0..group).any(|g| probe[at(g)..][..b - a].iter().sum::<f32>() >= share)
+                });
+                let back = if wanted { self.pool.recall(id, layer, kv) } else { None };
+                let keys = back
+                    .as_ref()
+                    .and_then(|back| block_rows(back, 0, hd, true, (from, to), (kernels, in_place), block));
+                score(keys.as_ref(), scores, (start, from, to), fold);
+                recalled.extend(back.map(|back| (id, back)));
             }
         }
         for i in 0..self.queries.len() {
@@ -182,8 +231,12 @@ impl Tile<'_, '_> {
             if prefetch {
                 self.prefetch(blocks.peek(), ahead.next(), false);
             }
-            let stored = self.pool.layer(id, layer);
-            let Some(values) = block_rows(stored, kv, hd, false, (from, to), (kernels, in_place), block) else {
+            // A block recalled this step is its copy's one head.
+            let (stored, head) = match recalled.iter().find(|(r, _)| *r == id) {
+                Some((_, back)) => (back, 0),
+                None => (self.pool.layer(id, layer), kv),
+            };
+            let Some(values) = block_rows(stored, head, hd, false, (from, to), (kernels, in_place), block) else {
                 continue;
             };
             // The weight this block received from the tile's rows (an importance signal).
@@ -496,6 +549,64 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_evicted_block_a_query_needs_is_read_back_exactly_and_one_it_does_not_stays_out() {
+        use crate::kv_recall::RECALL_SHARE;
+        let (heads, hd, len) = (2, 64, 64);
+        let shape = AttentionShape { heads, kv_heads: 1, head_dim: hd, scale: 0.125, sinks: None };
+        let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.7).cos()).collect();
+        let key = |p: usize| -> Vec<f32> {
+            if (16..32).contains(&p) {
+                // Block 1 holds the needle: keys along head 0's query, scoring far above the rest.
+                q[..hd].iter().map(|x| x * 1.5).collect()
+            } else {
+                (0..hd).map(|d| ((p * 5 + d) as f32 * 0.29).sin() * 0.5).collect()
+            }
+        };
+        let value = |p: usize| -> Vec<f32> { (0..hd).map(|d| ((p * 3 + d) as f32 * 0.47).cos()).collect() };
+        let rounded = |x: Vec<f32>| x.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect::<Vec<_>>();
+        let setup = |recall: bool| {
+            let mut pool = KvPool::new(Shape { layers: 1, kv_heads: 1, head_dim: hd }, 4);
+            pool.enable_spill().unwrap();
+            assert!(!recall || pool.enable_recall(RECALL_SHARE));
+            let mut table = BlockTable::default();
+            pool.reserve(&mut table, len).unwrap();
+            table.len = len;
+            for p in 0..len {
+                pool.write(&table, 0, p, &key(p), &value(p));
+            }
+            let before = pool.held_bytes();
+            assert!(pool.evict(&table, 1) && pool.evict(&table, 2));
+            let freed = before - pool.held_bytes();
+            (pool, table, freed)
+        };
+        let run = |pool: &KvPool, table: &BlockTable| {
+            let mut out = vec![0.0; q.len()];
+            attend(pool, 0, &shape, &[QueryPos { table, pos: len - 1, first: 0 }], &q, &mut out);
+            out
+        };
+        let want = |kept: &[usize]| -> Vec<f32> {
+            let ks: Vec<Vec<f32>> = kept.iter().map(|&p| rounded(key(p))).collect();
+            let vs: Vec<Vec<f32>> = kept.iter().map(|&p| rounded(value(p))).collect();
+            (0..heads).flat_map(|h| reference(&q[h * hd..(h + 1) * hd], &ks, &vs, shape.scale, None)).collect()
+        };
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 2e-3);
+        let with_needle = want(&(0..32).chain(48..len).collect::<Vec<_>>());
+        let without = want(&(0..16).chain(48..len).collect::<Vec<_>>());
+        assert!(!close(&with_needle, &without), "the needle block matters to this query");
+
+        let (pool, table, freed_recall) = setup(true);
+        let out = run(&pool, &table);
+        assert!(close(&out, &with_needle), "recalled: {:?} vs {:?}", &out[..4], &with_needle[..4]);
+        assert_eq!(pool.recalls(), 1, "block 1 read back once; block 2 weighs too little");
+
+        let (pool, table, freed_plain) = setup(false);
+        assert!(close(&run(&pool, &table), &without), "without recall evicted blocks weigh nothing");
+        assert_eq!(pool.recalls(), 0);
+        // The index of the keys at int4 stays: 3/16 of the two blocks' f16 bytes.
+        assert_eq!(freed_plain - freed_recall, 2 * 2 * (16 * hd * 2) * 3 / 16);
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //!   on a prefix only where the window before its end is still whole in every layer.
 
 pub use crate::kv_levels::{LayerBlock, Level};
+use crate::kv_recall::KeyIndex;
 use crate::kv_spill::{Slot, Spill};
 use half::f16;
 use rayon::prelude::*;
@@ -104,6 +105,11 @@ pub struct KvPool {
     window: usize,
     /// The f16 copies of layers stored lower (`enable_spill`), for exact promotion.
     spill: Option<Spill>,
+    /// With copies: the share at which attention reads an evicted block back for a step
+    /// (`enable_recall`, `kv_recall.rs`); `None`: off.
+    recall: Option<f32>,
+    /// (block, layer, KV head) reads recall made.
+    recalls: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +149,8 @@ impl KvPool {
             sliding: Vec::new(),
             window: 0,
             spill: None,
+            recall: None,
+            recalls: AtomicU64::new(0),
         }
     }
 
@@ -169,6 +177,38 @@ impl KvPool {
             self.spill = Some(Spill::new(self.shape.layer_elems())?);
         }
         Ok(())
+    }
+
+    /// Keeps an int4 index of the keys of every layer evicted from now on, and lets attention
+    /// read an evicted block back from its copy for a step when its positions would take
+    /// `share` of a query's attention (`kv_recall.rs`). Needs the copies
+    /// (`enable_spill`): false, and nothing changes, without them.
+    pub fn enable_recall(&mut self, share: f32) -> bool {
+        let on = self.spill.is_some() && share > 0.0;
+        if on {
+            self.recall = Some(share);
+        }
+        on
+    }
+
+    /// The share recall reads blocks at (`None`: off).
+    pub fn recall_share(&self) -> Option<f32> {
+        self.recall
+    }
+
+    /// Layer `layer`'s keys and values of KV head `kv` in block `id`, read from its f16 copy:
+    /// what attention uses for an evicted block this step. `None` without a copy, or when the
+    /// read fails (the block then weighs nothing, as before recall).
+    pub fn recall(&self, id: BlockId, layer: usize, kv: usize) -> Option<LayerBlock> {
+        let slot = self.blocks[id as usize].copies.get(layer).copied().flatten()?;
+        let block = self.spill.as_ref()?.get_head(slot, kv, self.shape.kv_heads).ok()?;
+        self.recalls.fetch_add(1, Ordering::Relaxed);
+        Some(block)
+    }
+
+    /// (block, layer, KV head) reads recall made since the pool was made.
+    pub fn recalls(&self) -> u64 {
+        self.recalls.load(Ordering::Relaxed)
     }
 
     /// Layer blocks with an f16 copy in the spill tier.
@@ -402,7 +442,14 @@ impl KvPool {
             for l in self.sliding.clone() {
                 self.drop_copy(id, l);
                 let layer = &mut self.blocks[id].layers[l];
-                if matches!(layer, LayerBlock::Evicted | LayerBlock::OutOfWindow) {
+                if let LayerBlock::Evicted(index) = layer {
+                    // No copy to recall from any more: the index goes too.
+                    if let Some(b) = index.take() {
+                        self.held -= b.bytes();
+                    }
+                    continue;
+                }
+                if matches!(layer, LayerBlock::OutOfWindow) {
                     continue;
                 }
                 self.held -= layer.bytes();
@@ -565,13 +612,28 @@ impl KvPool {
             self.index.remove(&key);
         }
         for li in 0..self.blocks[id].layers.len() {
+            if matches!(self.blocks[id].layers[li], LayerBlock::Evicted(_) | LayerBlock::OutOfWindow) {
+                continue;
+            }
             self.keep_copy(id, li);
+            let index = self.key_index(id, li);
             let l = &mut self.blocks[id].layers[li];
             self.held -= l.bytes();
             self.lowered += (l.level() == Level::F16) as usize;
-            *l = LayerBlock::Evicted;
+            *l = LayerBlock::Evicted(index);
+            self.held += l.bytes();
         }
         true
+    }
+
+    /// With recall on, the int4 key index of layer `layer` of block `id`, about to be evicted:
+    /// from its f16 storage, else from its copy. `None` without a copy to recall from.
+    fn key_index(&self, id: usize, layer: usize) -> Option<KeyIndex> {
+        self.recall?;
+        let slot = self.blocks[id].copies.get(layer).copied().flatten()?;
+        let (kv_heads, hd) = (self.shape.kv_heads, self.shape.head_dim);
+        let stored = &self.blocks[id].layers[layer];
+        KeyIndex::of(stored, kv_heads, hd).or_else(|| KeyIndex::of(&self.spill.as_ref()?.get(slot).ok()?, kv_heads, hd))
     }
 
     /// Whether some layer of the `index`-th block of `table` is stored lower than f16 and has

@@ -23,6 +23,11 @@ pub struct EvalOptions {
     pub evict: f64,
     /// The tokenizer's control tokens (the policy's semantic term).
     pub control_ids: HashSet<u32>,
+    /// Keep the f16 copies of blocks stored lower (`KvPool::enable_spill`), as serving does by
+    /// default: the policy promotes blocks back.
+    pub copies: bool,
+    /// With copies, recall evicted blocks a query could weigh at this share (`kv_recall.rs`).
+    pub recall: Option<f32>,
 }
 
 #[derive(Debug)]
@@ -44,6 +49,8 @@ pub struct EvalReport {
     /// Time in the policy's passes, and how many there were.
     pub policy_seconds: f64,
     pub passes: usize,
+    /// (block, layer, KV head) reads of evicted blocks recall made.
+    pub recalls: u64,
 }
 
 impl EvalReport {
@@ -61,14 +68,27 @@ pub(crate) struct Run {
 }
 
 impl Run {
-    /// An empty sequence over a pool of `blocks` blocks, within `budget` bytes if given.
-    pub fn new(shape: Shape, blocks: usize, budget: Option<usize>) -> Run {
+    /// An empty sequence over a pool of `blocks` blocks, an f16 one.
+    pub fn new(shape: Shape, blocks: usize) -> Run {
         let pool = KvPool::new(shape, blocks);
-        let pool = match budget {
-            Some(bytes) => pool.with_budget(bytes),
-            None => pool,
-        };
         Run { pool, table: BlockTable::default(), scratch: Scratch::default(), seconds: 0.0 }
+    }
+
+    /// An empty sequence over a pool of `blocks` blocks run by `o`'s policy: within its
+    /// budget, with its copies and recall, recording attention where the policy reads it.
+    pub fn with_policy(shape: Shape, blocks: usize, o: &EvalOptions) -> Result<Run, ForwardError> {
+        let mut run = Run::new(shape, blocks);
+        if let Some(bytes) = o.budget {
+            run.pool = run.pool.with_budget(bytes);
+        }
+        if o.copies || o.recall.is_some() {
+            run.pool.enable_spill().map_err(|e| ForwardError(format!("the spill file: {e}")))?;
+        }
+        if let Some(share) = o.recall {
+            run.pool.enable_recall(share);
+        }
+        run.pool.track_attention(o.evict > 0.0 || o.policy.needs_attention());
+        Ok(run)
     }
 
     /// Runs `tokens` at positions from `start`, room for them reserved already; the logits of
@@ -160,8 +180,7 @@ pub fn evaluate(
     let window = o.policy.recent_window;
     assert!(o.step > 0 && tokens.len() > window + 1);
     let blocks = tokens.len().div_ceil(BLOCK_TOKENS);
-    let (mut base, mut test) = (Run::new(shape, blocks, None), Run::new(shape, blocks, o.budget));
-    test.pool.track_attention(o.evict > 0.0 || o.policy.needs_attention());
+    let (mut base, mut test) = (Run::new(shape, blocks), Run::with_policy(shape, blocks, o)?);
     let (mut policy_seconds, mut passes) = (0.0, 0);
     let (mut nll_base, mut nll_test, mut agree) = (0f64, 0f64, 0usize);
     let mut klds = Vec::new();
@@ -200,5 +219,6 @@ pub fn evaluate(
         seconds: test.seconds,
         policy_seconds,
         passes,
+        recalls: test.pool.recalls(),
     })
 }

@@ -17,6 +17,7 @@
 use crate::kernels::widen_f16;
 use crate::kv_arena::KvBuf;
 use crate::kv_cache::BLOCK_TOKENS;
+use crate::kv_recall::KeyIndex;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -55,7 +56,8 @@ pub enum LayerBlock {
         v_scale: KvBuf<f16>,
         v_min: KvBuf<f16>,
     },
-    Evicted,
+    /// No keys or values; with recall on, its keys at int4 as an index (`kv_recall.rs`).
+    Evicted(Option<KeyIndex>),
     /// A sliding-window layer's block that no query of its sequence sees any more (it lies
     /// wholly before every window still to come): no storage. Not a level: it lowers nothing,
     /// and the block's other layers keep theirs (`KvPool::drop_out_of_window`).
@@ -74,7 +76,7 @@ impl LayerBlock {
             LayerBlock::F16 { .. } => Level::F16,
             LayerBlock::Int8 { .. } => Level::Int8,
             LayerBlock::Int4 { .. } => Level::Int4,
-            LayerBlock::Evicted => Level::Evicted,
+            LayerBlock::Evicted(_) => Level::Evicted,
             LayerBlock::OutOfWindow => Level::F16,
         }
     }
@@ -87,7 +89,8 @@ impl LayerBlock {
             LayerBlock::Int4 { k, k_scale, k_min, v, v_scale, v_min } => {
                 k.len() + v.len() + (k_scale.len() + k_min.len() + v_scale.len() + v_min.len()) * 2
             }
-            LayerBlock::Evicted | LayerBlock::OutOfWindow => 0,
+            LayerBlock::Evicted(index) => index.as_ref().map_or(0, KeyIndex::bytes),
+            LayerBlock::OutOfWindow => 0,
         }
     }
 
@@ -123,7 +126,7 @@ impl LayerBlock {
                 scales(v_scale, BLOCK_TOKENS * hd.div_ceil(V_GROUP));
                 scales(v_min, BLOCK_TOKENS * hd.div_ceil(V_GROUP));
             }
-            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => {}
+            (LayerBlock::Evicted(_) | LayerBlock::OutOfWindow, _) => {}
         }
     }
 
@@ -135,7 +138,7 @@ impl LayerBlock {
         }
         let (k, v) = match self {
             LayerBlock::F16 { k, v } => (k.to_f32_vec(), v.to_f32_vec()),
-            LayerBlock::Evicted | LayerBlock::OutOfWindow => return None,
+            LayerBlock::Evicted(_) | LayerBlock::OutOfWindow => return None,
             _ => {
                 let n = kv_heads * BLOCK_TOKENS * hd;
                 let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
@@ -149,7 +152,7 @@ impl LayerBlock {
         };
         match level {
             Level::F16 => None,
-            Level::Evicted => Some(LayerBlock::Evicted),
+            Level::Evicted => Some(LayerBlock::Evicted(None)),
             Level::Int8 => {
                 assert!(hd.is_multiple_of(2), "int8 codes are stored in pairs of channels");
                 let (mut kq, mut k_scale) = (KvBuf::<i8>::zeroed(k.len()), KvBuf::<f16>::zeroed(kv_heads * hd));
@@ -248,7 +251,7 @@ impl LayerBlock {
                     group: V_GROUP,
                 }
             }
-            (LayerBlock::Evicted | LayerBlock::OutOfWindow, _) => return None,
+            (LayerBlock::Evicted(_) | LayerBlock::OutOfWindow, _) => return None,
         })
     }
 
@@ -271,18 +274,8 @@ impl LayerBlock {
                     }
                 }
             }
-            LayerBlock::Int4 { k, k_scale, k_min, .. } => {
-                let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
-                let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
-                let min = widen(&k_min[kv * hd..][..hd], &mut min);
-                let codes = &k[base / 2..][..BLOCK_TOKENS * hd / 2];
-                for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-                    for (c, ((o, s), m)) in row.iter_mut().zip(scale).zip(min).enumerate() {
-                        *o = m + get4(codes, key4_at(t, c)) as f32 * s;
-                    }
-                }
-            }
-            LayerBlock::Evicted | LayerBlock::OutOfWindow => return false,
+            LayerBlock::Int4 { k, k_scale, k_min, .. } => int4_keys_into(k, k_scale, k_min, kv, hd, (from, to), out),
+            LayerBlock::Evicted(_) | LayerBlock::OutOfWindow => return false,
         }
         true
     }
@@ -316,7 +309,7 @@ impl LayerBlock {
                     }
                 }
             }
-            LayerBlock::Evicted | LayerBlock::OutOfWindow => return false,
+            LayerBlock::Evicted(_) | LayerBlock::OutOfWindow => return false,
         }
         true
     }
@@ -359,6 +352,28 @@ impl BlockRows<'_> {
             RowData::F16(x) => x.len() / hd,
             RowData::I8(x) => x.len() / hd,
             RowData::U4(x) => x.len() * 2 / hd,
+        }
+    }
+}
+
+/// Int4 keys (`k`, `k_scale`, `k_min` as in [`LayerBlock::Int4`]) of KV head `kv`, positions
+/// `from..to`, widened into `out` (their rows only).
+pub(crate) fn int4_keys_into(
+    k: &[u8],
+    k_scale: &[f16],
+    k_min: &[f16],
+    kv: usize,
+    hd: usize,
+    (from, to): (usize, usize),
+    out: &mut [f32],
+) {
+    let (mut scale, mut min) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
+    let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
+    let min = widen(&k_min[kv * hd..][..hd], &mut min);
+    let codes = &k[kv * BLOCK_TOKENS * hd / 2..][..BLOCK_TOKENS * hd / 2];
+    for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
+        for (c, ((o, s), m)) in row.iter_mut().zip(scale).zip(min).enumerate() {
+            *o = m + get4(codes, key4_at(t, c)) as f32 * s;
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct Answers {
     pub kv_bytes_f16: usize,
     /// (block, layer) pairs per level then, indexed by `Level as usize`.
     pub levels: [usize; 4],
+    /// (block, layer, KV head) reads of evicted blocks recall made.
+    pub recalls: u64,
 }
 
 /// Reads `prompt` both ways and answers `answer_tokens` tokens greedily. `o.budget` is the
@@ -76,8 +78,7 @@ pub fn answer(
     assert!(o.step > 0 && !prompt.is_empty() && answer_tokens > 0);
     let ctx = prompt.len() + answer_tokens;
     let blocks = ctx.div_ceil(BLOCK_TOKENS);
-    let (mut base, mut test) = (Run::new(shape, blocks, None), Run::new(shape, blocks, o.budget));
-    test.pool.track_attention(o.evict > 0.0 || o.policy.needs_attention());
+    let (mut base, mut test) = (Run::new(shape, blocks), Run::with_policy(shape, blocks, o)?);
     let mut seen = Vec::with_capacity(ctx);
     let (mut last_b, mut last_t) = (Vec::new(), Vec::new());
     for chunk in prompt.chunks(o.step) {
@@ -113,5 +114,6 @@ pub fn answer(
         kv_bytes: test.pool.stored_bytes(),
         kv_bytes_f16: base.pool.stored_bytes(),
         levels: test.pool.level_counts(),
+        recalls: test.pool.recalls(),
     })
 }

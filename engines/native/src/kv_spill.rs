@@ -69,6 +69,19 @@ impl Spill {
         Ok(LayerBlock::F16 { k, v })
     }
 
+    /// The f16 keys and values of KV head `kv` (of `kv_heads`) in `slot`, as a layer block of
+    /// one head: what recall reads (`kv_recall.rs`). Takes `&self`: attention's tasks read
+    /// concurrently, each at its own offsets.
+    pub fn get_head(&self, slot: Slot, kv: usize, kv_heads: usize) -> io::Result<LayerBlock> {
+        let head = self.elems / kv_heads;
+        let mut k = KvBuf::<f16>::zeroed(head);
+        let mut v = KvBuf::<f16>::zeroed(head);
+        let at = u64::from(slot) * self.slot_bytes() + (kv * head * 2) as u64;
+        self.file.read_exact_at(bytemuck::cast_slice_mut(&mut k), at)?;
+        self.file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at + self.slot_bytes() / 2)?;
+        Ok(LayerBlock::F16 { k, v })
+    }
+
     pub fn free(&mut self, slot: Slot) {
         debug_assert!(slot < self.next && !self.free.contains(&slot), "slot {slot} freed twice");
         self.free.push(slot);
@@ -112,7 +125,11 @@ mod tests {
         let sc = spill.put(&c).unwrap();
         assert_eq!(sc, sa, "the freed slot is reused");
         assert!(same(&spill.get(sc).unwrap(), &c) && same(&spill.get(sb).unwrap(), &b));
-        assert!(spill.put(&LayerBlock::Evicted).is_err());
+        // One head of two: the second half of each of keys and values.
+        let Ok(LayerBlock::F16 { k, v }) = spill.get_head(sb, 1, 2) else { panic!("an f16 head") };
+        let LayerBlock::F16 { k: kb, v: vb } = &b else { unreachable!() };
+        assert!(k.iter().eq(&kb[32..]) && v.iter().eq(&vb[32..]));
+        assert!(spill.put(&LayerBlock::Evicted(None)).is_err());
         assert_eq!(spill.held(), 2);
     }
 }

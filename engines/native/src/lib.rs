@@ -18,6 +18,7 @@ pub mod kv_cache;
 pub mod kv_control;
 pub mod kv_eval;
 pub mod kv_levels;
+pub mod kv_recall;
 pub mod kv_retrieval;
 pub mod kv_spill;
 pub mod rope;
@@ -29,6 +30,7 @@ use checkpoint::{Checkpoint, CheckpointError};
 use config::{ConfigError, ModelConfig};
 use embed::{EmbedJob, Pooling};
 use kv_cache::{KvPool, Shape, BLOCK_TOKENS};
+use kv_recall::RECALL_SHARE;
 use llmr_constraint::{TokenMask, Vocabulary, VocabularyError};
 use llmr_engine_sdk::worker::{relay, spawn_worker, Worker};
 use llmr_engine_sdk::{
@@ -196,14 +198,18 @@ impl NativeEngine {
 
     /// Keeps the f16 copies of blocks stored lower in a spill file (`kv_spill.rs`), so that
     /// promotion is exact, unless `kv_promotion` (a load option or engine param) is false: then
-    /// levels only go down. A spill file that cannot be created is logged, and levels only go
-    /// down.
+    /// levels only go down. With the copies, evicted blocks keep an int4 index of their keys and
+    /// attention reads them back when a query needs them (`kv_recall.rs`), unless `kv_recall`
+    /// is false. A spill file that cannot be created is logged, and levels only go down.
     fn enable_promotion(&self, desc: &ModelDesc, pool: &mut KvPool) -> Result<(), EngineError> {
         if self.flag(desc, "kv_promotion", true)? {
             if let Err(e) = pool.enable_spill() {
                 self.config
                     .logger
                     .warn(&format!("KV spill file not created ({e}): blocks are not promoted back to f16"));
+            }
+            if self.flag(desc, "kv_recall", true)? {
+                pool.enable_recall(RECALL_SHARE);
             }
         }
         Ok(())
@@ -579,6 +585,7 @@ impl Engine for NativeEngine {
                     "policy_seconds_total": get(&s.policy_ns_total) as f64 / 1e9,
                     "policy_blocks_changed_total": get(&s.policy_blocks_changed_total),
                     "policy_blocks_promoted_total": get(&s.policy_blocks_promoted_total),
+                    "kv_recalls_total": get(&s.kv_recalls_total),
                     "policy_errors_total": get(&s.policy_errors_total),
                     "preemptions_total": get(&s.preemptions_total),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),

@@ -95,6 +95,8 @@ pub struct Stats {
     pub policy_blocks_changed_total: AtomicU64,
     /// Blocks the policy stored higher again from their f16 copies.
     pub policy_blocks_promoted_total: AtomicU64,
+    /// (block, layer, KV head) reads of evicted blocks attention recalled (`kv_recall.rs`).
+    pub kv_recalls_total: AtomicU64,
     /// Panics in the policy path, each followed by the baseline policy.
     pub policy_errors_total: AtomicU64,
     /// Sequences set aside for room (`Scheduler::preempt_newest`).
@@ -670,6 +672,7 @@ impl Scheduler {
         let s = &self.stats;
         let decoding = self.running.iter().filter(|r| !r.reading()).count();
         s.decoding.store(decoding as u64, Ordering::Relaxed);
+        s.kv_recalls_total.store(self.pool.recalls(), Ordering::Relaxed);
         let used = self.pool.used() as u64;
         let bytes = self.pool.held_bytes() as u64;
         let changed = (s.kv_blocks_used.swap(used, Ordering::Relaxed) != used) as u8

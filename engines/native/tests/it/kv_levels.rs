@@ -40,6 +40,8 @@ fn each_level_saves_more_and_int8_costs_nothing_measurable() {
             budget,
             evict,
             control_ids: tokenizer.control_ids.clone(),
+            copies: false,
+            recall: None,
         };
         let r = evaluate(&model, shape, config.vocab, tokens, &options).unwrap();
         eprintln!("{policy} evict {evict}: {r:?}, delta-PPL {:+.3}%", r.delta_ppl_rel() * 100.0);

@@ -303,3 +303,51 @@ fn cancelling_while_a_request_waits_preempted_leaves_nothing_behind() {
     let r = e.infer(&InferParams::new(7004, "smollm2", "The capital of France is", sampling), |_| true).unwrap();
     assert_eq!(r.completion_tokens, 8);
 }
+
+/// Recall in the serving path: a key said once early in a ~1,200-token prompt, under the
+/// aggressive profile set to evict its least important blocks above a tenth of the budget. With recall (on by default) the question's queries find the key's blocks through
+/// their int4 key index, the engine reads them back, and the answer has the key; with
+/// `kv_recall: false` blocks are evicted whole and nothing is read back.
+#[test]
+fn evicted_blocks_the_question_needs_are_read_back_while_serving() {
+    let text = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let filler: Vec<char> = text.chars().skip(30_000).take(3_900).collect();
+    let (early, late): (String, String) = (filler[..600].iter().collect(), filler[600..].iter().collect());
+    let prompt = format!(
+        "There is a pass key hidden in the text below. Find it and remember it: you will be asked for it.\n\n\
+         {early}\n\nThe pass key is 71432. Remember it: 71432 is the pass key.\n\n{late}\n\n\
+         What is the pass key? The pass key is"
+    );
+    let run = |recall: bool| -> (String, Value) {
+        // A context of 1,280 tokens and a budget of just one (28.1 MiB): the prompt fills it.
+        let e = instance(&plugin(), 1);
+        let mut s = spec("smollm2", &cached_model("smollm2-hf"));
+        s.context_length = 1280;
+        s.options = Some(json!({
+            "kv_policy": {"mode": "dynamic", "profile": "aggressive", "pressure": {"mid": 0.0, "high": 0.1}},
+            "kv_budget_mib": 29, "kv_recall": recall
+        }));
+        e.load_model(&s).unwrap();
+        let sampling = Sampling { max_tokens: Some(8), ..Sampling::greedy() };
+        let params = InferParams { ignore_eos: true, ..InferParams::new(1, "smollm2", &prompt, sampling) };
+        let (mut answer, mut during) = (String::new(), Value::Null);
+        e.infer(&params, |t| {
+            answer.push_str(&t.text);
+            if during.is_null() {
+                during = model_metrics(&e);
+            }
+            true
+        })
+        .unwrap();
+        (answer, during)
+    };
+    let (answer, m) = run(true);
+    eprintln!("with recall: {answer:?}, {m}");
+    assert!(m["kv_levels"]["L3"].as_u64().unwrap() > 0, "the budget made the policy evict: {m}");
+    assert!(m["kv_recalls_total"].as_u64().unwrap() > 0, "{m}");
+    assert!(answer.contains("71432"), "{answer:?}");
+    let (answer, m) = run(false);
+    eprintln!("without recall: {answer:?}, {m}");
+    assert!(m["kv_levels"]["L3"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["kv_recalls_total"], 0, "{m}");
+}
