@@ -73,9 +73,10 @@ struct Args {
     /// promotes blocks back.
     #[arg(long)]
     copies: bool,
-    /// With copies, read evicted blocks back for a step when a query could give their
-    /// positions this share of its best held position's weight (serving's default: 0.05).
-    #[arg(long, conflicts_with = "calibrate")]
+    /// With copies, evicted blocks keep an int4 index of their keys and are read back for a
+    /// step where a query would give them this share of its attention (serving's default:
+    /// 0.05). With `--calibrate`, the table is for serving with recall on.
+    #[arg(long)]
     recall: Option<f32>,
 }
 
@@ -210,7 +211,8 @@ fn main() -> Result<()> {
         }
     }
     let corpus = a.text.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let table = Calibration::fit(model_name, corpus, a.ctx, points).map_err(anyhow::Error::msg)?;
+    let mut table = Calibration::fit(model_name, corpus, a.ctx, points).map_err(anyhow::Error::msg)?;
+    table.recall = a.recall;
     table.write(&a.model).with_context(|| format!("writing the table into {}", a.model.display()))?;
     println!("{}", serde_json::to_string_pretty(&table)?);
     Ok(())

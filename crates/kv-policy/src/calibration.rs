@@ -47,6 +47,11 @@ pub struct Calibration {
     pub model: String,
     pub corpus: String,
     pub ctx: usize,
+    /// The share the native engine's recall of evicted blocks ran at in the runs
+    /// (`kv-eval --calibrate --recall`); `None`: evicted blocks were gone. Recall makes
+    /// eviction cheaper, so a table is for the one setting it was measured with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<f32>,
     pub cost: LevelCosts,
     pub points: Vec<CalibrationPoint>,
 }
@@ -85,7 +90,7 @@ impl Calibration {
             .collect();
         let fitted = nonnegative_least_squares(&residual_rows);
         let [int8, int4, evicted] = [0, 1, 2].map(|l| pinned[l].unwrap_or(fitted[l]));
-        Ok(Calibration { model, corpus, ctx, cost: LevelCosts { int8, int4, evicted }, points })
+        Ok(Calibration { model, corpus, ctx, recall: None, cost: LevelCosts { int8, int4, evicted }, points })
     }
 
     /// The relative delta-PPL (percent) of a cache holding `levels` positions per level (f16,
@@ -195,7 +200,14 @@ mod tests {
     fn the_fit_recovers_the_costs_that_made_the_points() {
         let truth = LevelCosts { int8: 0.05, int4: 0.4, evicted: 6.0 };
         let make = |levels: [u64; 4]| {
-            let c = Calibration { model: String::new(), corpus: String::new(), ctx: 0, cost: truth, points: vec![] };
+            let c = Calibration {
+                model: String::new(),
+                corpus: String::new(),
+                ctx: 0,
+                recall: None,
+                cost: truth,
+                points: vec![],
+            };
             point(levels, c.estimate(levels))
         };
         let points = vec![
@@ -245,9 +257,16 @@ mod tests {
         let back = Calibration::read(&dir).unwrap().unwrap();
         // serde_json's float parsing may move the last bit.
         assert!((back.cost.int8 - c.cost.int8).abs() < 1e-12 && back.cost.int8 > 0.0, "{back:?}");
-        assert_eq!((back.points, back.ctx, back.corpus), (c.points, c.ctx, c.corpus));
+        assert_eq!((&back.points, back.ctx, &back.corpus), (&c.points, c.ctx, &c.corpus));
+        assert_eq!(back.recall, None);
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, [FILE_NAME], "no temporary file is left");
+        // A table measured with recall says so; one written before the field reads as without.
+        Calibration { recall: Some(0.05), ..c.clone() }.write(&dir).unwrap();
+        assert_eq!(Calibration::read(&dir).unwrap().unwrap().recall, Some(0.05));
+        let older = r#"{"model":"m","corpus":"t","ctx":1,"cost":{"int8":0,"int4":0,"evicted":1},"points":[]}"#;
+        std::fs::write(dir.join(FILE_NAME), older).unwrap();
+        assert_eq!(Calibration::read(&dir).unwrap().unwrap().recall, None);
         std::fs::write(dir.join(FILE_NAME), r#"{"model": "m"}"#).unwrap();
         assert!(Calibration::read(&dir).unwrap_err().contains("missing field"));
         let negative = r#"{"model":"m","corpus":"t","ctx":1,"cost":{"int8":-1,"int4":0,"evicted":0},"points":[]}"#;

@@ -389,6 +389,8 @@ fn the_kv_control_api_sets_the_policy_live_and_reports_the_cache_on_loopback_onl
     let native = m["models"].as_array().unwrap().iter().find(|x| x["model"] == "smol-st").unwrap().clone();
     assert_eq!(native["kv_policy"]["profile"], "safe", "{m}");
     assert!(native["policy_passes_total"].as_u64().unwrap() > 0, "{m}");
+    // Recall is on (the copies are kept by default); `safe` never evicts, so nothing is read.
+    assert_eq!(native["kv_recalls_total"], 0, "{m}");
     assert!(m["mem"]["kv_bytes"].as_u64().unwrap() > 0 && m["mem"]["host_gb"].as_f64().unwrap() > 0.0, "{m}");
     // The estimate is the calibrated model's (the GGUF one has no table): between int8's cost
     // and 0, since its finished request's blocks are f16 or int8 under `safe`.

@@ -770,6 +770,37 @@ mod tests {
     }
 
     #[test]
+    fn an_evicted_layers_key_index_is_in_the_budget_until_its_copy_goes() {
+        let mut p = pool(16).with_window(vec![1], 40);
+        p.enable_spill().unwrap();
+        assert!(p.enable_recall(crate::kv_recall::RECALL_SHARE));
+        let f16_block = p.shape().block_bytes();
+        let tokens: Vec<u32> = (0..100).collect();
+        let t = filled(&mut p, &tokens);
+        assert!(p.evict(&t, 2));
+        let index = |p: &KvPool, layer: usize| match p.layer(t.blocks[2], layer) {
+            LayerBlock::Evicted(Some(index)) => index.bytes(),
+            _ => 0,
+        };
+        assert!(index(&p, 0) > 0 && index(&p, 1) > 0, "both layers keep their keys' index");
+        assert_eq!(p.held_bytes(), 6 * f16_block + index(&p, 0) + index(&p, 1));
+        assert_eq!(p.stored_bytes(), p.held_bytes());
+        assert!(p.recall(t.blocks[2], 1, 0).is_some(), "the copy is there to read back");
+        // Out of every window in layer 1: its copy goes, and the index with it.
+        p.drop_out_of_window(&t, 0..20, 0);
+        assert_eq!(index(&p, 1), 0);
+        assert!(p.recall(t.blocks[2], 1, 0).is_none());
+        assert_eq!(p.held_bytes(), 6 * f16_block + index(&p, 0));
+        assert_eq!(p.stored_bytes(), p.held_bytes());
+        // Evicting a block whose layer 1 is out of the window leaves that layer as it is.
+        assert!(matches!(p.layer(t.blocks[3], 1), LayerBlock::F16 { .. }));
+        p.drop_out_of_window(&t, 0..20, 3);
+        assert!(p.evict(&t, 2) && p.evict(&t, 3));
+        assert_eq!(p.stored_bytes(), p.held_bytes());
+        assert_eq!(p.recalls(), 1);
+    }
+
+    #[test]
     fn a_shared_prefix_reuses_full_blocks_only_and_leaves_the_last_token() {
         let mut p = pool(8);
         let a: Vec<u32> = (0..40).collect();

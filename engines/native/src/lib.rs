@@ -189,11 +189,24 @@ impl NativeEngine {
 
     /// The model's KV calibration table (`kv-eval --calibrate` writes it into the model's
     /// folder). A table that cannot be read is logged and left out: it only feeds an estimate.
-    fn calibration(&self, dir: &std::path::Path) -> Option<Calibration> {
-        Calibration::read(dir).unwrap_or_else(|e| {
+    /// One measured with recall on and served with it off, or the other way, is kept, with a
+    /// warning: its eviction cost is the other setting's.
+    fn calibration(&self, dir: &std::path::Path, pool: &KvPool) -> Option<Calibration> {
+        let table = Calibration::read(dir).unwrap_or_else(|e| {
             self.config.logger.warn(&format!("KV calibration table ignored: {e}"));
             None
-        })
+        })?;
+        let (measured, serving) = (table.recall.is_some(), pool.recall_share().is_some());
+        if measured != serving {
+            let with = |on: bool| if on { "with" } else { "without" };
+            self.config.logger.warn(&format!(
+                "KV calibration table measured {} recall, served {} it: delta_ppl_est prices eviction as {}",
+                with(measured),
+                with(serving),
+                if measured { "cheaper than it is" } else { "dearer than it is" },
+            ));
+        }
+        Some(table)
     }
 
     /// Keeps the f16 copies of blocks stored lower in a spill file (`kv_spill.rs`), so that
@@ -343,6 +356,7 @@ impl Engine for NativeEngine {
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
         let mut pool = pool.with_budget(budget).with_window(self.window_layers(&desc, &config)?, config.sliding_window);
         self.enable_promotion(&desc, &mut pool)?;
+        let calibration = self.calibration(&desc.model_dir, &pool);
         let mut policy = match desc.options.get("kv_policy") {
             Some(patch) => policy_for(&self.policy.lock().unwrap(), patch, false)?,
             None => *self.policy.lock().unwrap(),
@@ -388,7 +402,7 @@ impl Engine for NativeEngine {
             threads,
             kv_blocks,
             policy: Mutex::new(policy),
-            calibration: self.calibration(&desc.model_dir),
+            calibration,
             tokenizer_file: desc.model_dir.join("tokenizer.json"),
             sampling_defaults: generation_config::sampling_defaults(&desc.model_dir),
             grammar: OnceLock::new(),
