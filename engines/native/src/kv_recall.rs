@@ -10,9 +10,9 @@
 //! would take at least a share ([`RECALL_SHARE`] by default) of some query's attention, counted
 //! over every position it sees, evicted ones by their index, that head's f16 keys and values
 //! are read back from the copy for this step and attended exactly; otherwise the block weighs
-//! nothing, as evicted. The attention a recalled block
-//! receives is recorded like any block's, so the policy's next pass promotes it
-//! (`kv_control.rs`) when it matters enough, and later steps read it from memory.
+//! nothing, as evicted. The attention a recalled block receives is recorded like any block's,
+//! so the policy's next pass can promote it (`kv_control.rs`); until then, each step that
+//! needs it reads it again (from the page cache, as a rule).
 //!
 //! Why keys and not a bound: Quest's per-channel minimum and maximum of a block's keys
 //! (1/16 of the f16 bytes) bounds every score from above, but on SmolLM2 the bound stood a
