@@ -61,12 +61,7 @@ impl Spill {
 
     /// The f16 layer block in `slot`; the slot stays taken.
     pub fn get(&self, slot: Slot) -> io::Result<LayerBlock> {
-        let mut k = KvBuf::<f16>::zeroed(self.elems);
-        let mut v = KvBuf::<f16>::zeroed(self.elems);
-        let at = u64::from(slot) * self.slot_bytes();
-        self.file.read_exact_at(bytemuck::cast_slice_mut(&mut k), at)?;
-        self.file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at + self.slot_bytes() / 2)?;
-        Ok(LayerBlock::F16 { k, v })
+        self.read(slot, 0, self.elems)
     }
 
     /// The f16 keys and values of KV head `kv` (of `kv_heads`) in `slot`, as a layer block of
@@ -74,9 +69,14 @@ impl Spill {
     /// concurrently, each at its own offsets.
     pub fn get_head(&self, slot: Slot, kv: usize, kv_heads: usize) -> io::Result<LayerBlock> {
         let head = self.elems / kv_heads;
-        let mut k = KvBuf::<f16>::zeroed(head);
-        let mut v = KvBuf::<f16>::zeroed(head);
-        let at = u64::from(slot) * self.slot_bytes() + (kv * head * 2) as u64;
+        self.read(slot, kv * head, head)
+    }
+
+    /// Keys and values `from..from + n` (of each) in `slot`, as an f16 layer block.
+    fn read(&self, slot: Slot, from: usize, n: usize) -> io::Result<LayerBlock> {
+        let mut k = KvBuf::<f16>::zeroed(n);
+        let mut v = KvBuf::<f16>::zeroed(n);
+        let at = u64::from(slot) * self.slot_bytes() + (from * 2) as u64;
         self.file.read_exact_at(bytemuck::cast_slice_mut(&mut k), at)?;
         self.file.read_exact_at(bytemuck::cast_slice_mut(&mut v), at + self.slot_bytes() / 2)?;
         Ok(LayerBlock::F16 { k, v })
