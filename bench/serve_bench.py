@@ -22,8 +22,9 @@ aiohttp, streaming, fixed seeds) drives both through the same workloads:
               conversation so far with the server's own answers: TTFT of turn 1 and of turns 2-10
 
 and each server's memory: the KV cache its llama.cpp allocated (as llama.cpp reports it:
-llama-server's log, llmr's `llmr_kv_cache_bytes`) and its resident set with its engine workers
-after the workloads.
+llama-server's log, llmr's `llmr_kv_cache_bytes`; the native engine allocates blocks as they fill,
+so for it the figure is its budget, `llmr_kv_cache_budget_bytes`, the most it may hold) and its
+resident set with its engine workers after the workloads.
 
 It prints one table per model with both servers and the ratio llmr / llama-server per figure, and
 the goals of the serving issue. Every request is bounded (max_tokens, client timeouts) and every
@@ -35,6 +36,9 @@ workload is bounded in count and time.
                                         # process: what engine worker processes cost (issue 16)
   bench/serve_bench.py --reference llmr-no-spec      # llmr against itself with speculative
                                         # decoding off in every request (issue 17)
+  bench/serve_bench.py --engine native --ctx 2048     # llmr's native engine on the Hugging Face
+                                        # folder (bf16 safetensors) against llama-server on the F16
+                                        # GGUF of the same values: the same weights in a 16-bit type
 
 --write appends the table to bench/RESULTS.md with the date, commit, machine and command.
 --smoke checks the harness (exit 1 on any failure: an HTTP error, a stream without tokens, missing
@@ -75,6 +79,13 @@ MODELS = {
     "gemma3": "gemma-3-270m-q4_k_m.gguf",
     "qwen2.5": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 }
+# `--engine native`: llmr serves the Hugging Face folder (its native engine), llama-server the F16
+# GGUF holding the same values (both converted from the GGUF above by scripts/convert_gguf_hf.py);
+# each pair is (llama-server's, llmr's).
+NATIVE_MODELS = {name: (f"{name}-f16", f"{name}-hf") for name in MODELS}
+# Where scripts/fetch-models caches each name (used with --no-build, when it does not run).
+CACHED = {**MODELS, **{f"{n}-hf": f"{n}-hf" for n in MODELS}, "smollm2-f16": "smollm2-135m-instruct-f16.gguf",
+          "gemma3-f16": "gemma-3-270m-f16.gguf", "qwen2.5-f16": "qwen2.5-coder-0.5b-instruct-f16.gguf"}
 # Characters per token of the Hamlet corpus (measured with llama-server's /tokenize: 3.36-3.50 for
 # SmolLM2 and Gemma 3). Prompt sizes below are targets; the tables report the real counts (usage).
 CHARS_PER_TOKEN = 3.4
@@ -674,16 +685,18 @@ def tree_rss_mib(pid):
 KV_SIZE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB")
 
 
-async def kv_cache_mib(kind, srv, session):
+async def kv_cache_mib(kind, srv, session, engine):
     """The KV cache the server's llama.cpp allocated, as llama.cpp reported it: llama-server logs
     it (one line per cache: a sliding-window model has two), llmr serves it as
-    `llmr_kv_cache_bytes` (its plugin reads the same report)."""
+    `llmr_kv_cache_bytes` (its plugin reads the same report). The native engine allocates blocks
+    as sequences fill them: its figure is its budget, the most its cache may hold."""
     if kind == "llama-server":
         sizes = [float(m) for m in KV_SIZE.findall(srv.log_path.read_text(errors="replace"))]
         return sum(sizes) if sizes else None
     async with session.get(f"http://127.0.0.1:{srv.port}/metrics") as r:
         text = await r.text()
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llmr_kv_cache_bytes{")]
+    metric = "llmr_kv_cache_budget_bytes{" if engine == "native" else "llmr_kv_cache_bytes{"
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric)]
     return sum(values) / (1 << 20) if values else None
 
 
@@ -790,7 +803,7 @@ async def run_server(kind, a, exe, model_path, alias, corpus, sz, logdir):
             figures["server_cpu"] = (cpu_jiffies(srv.proc.pid) - srv0) / hz / wall
             figures["measure_s"] = wall
             figures["requests"] = cl.requests
-            figures["kv_cache_mib"] = await kv_cache_mib(kind, srv, session)
+            figures["kv_cache_mib"] = await kv_cache_mib(kind, srv, session, a.engine)
             figures["rss_mib"] = tree_rss_mib(srv.proc.pid)
     finally:
         srv.stop()
@@ -831,7 +844,8 @@ def rows(levels):
           ("info: multi-turn chat: prompt tokens of the last turn", "multiturn.prompt_tokens_last", INFO),
           ("info: input-grounded draft tokens kept / fed", "grounded.acceptance", INFO),
           ("info: input-grounded draft tokens fed per output token", "grounded.drafted_per_token", INFO),
-          ("memory: KV cache allocated, as llama.cpp reports it (MiB)", "kv_cache_mib", LOWER),
+          ("memory: KV cache allocated (llama.cpp: as it reports it; native engine: its budget) (MiB)", "kv_cache_mib",
+           LOWER),
           ("memory: resident after the workloads (MiB)", "rss_mib", LOWER),
           ("info: start to first answer (s)", "startup_s", LOWER),
           ("info: prompt tokens single / shared / long", ("single.prompt_tokens", "shared.prompt_tokens",
@@ -864,8 +878,11 @@ def get(fig, key):
 
 def table(ref, ours, levels, ref_name="llama-server"):
     out = [f"| figure | {ref_name} | llmr | llmr / {ref_name} | better |", "|---|---:|---:|---:|---|"]
+    absent = lambda v: v is None or (isinstance(v, tuple) and all(x is None for x in v))
     for label, key, better in rows(levels):
         rv, ov = get(ref, key), get(ours, key)
+        if absent(rv) and absent(ov):
+            continue                                # a workload this run left out (--workloads)
         ratio = "-" if better == INFO or not rv or not ov else f"{ov / rv:.2f}"
         out.append(f"| {label} | {fmt(rv)} | {fmt(ov)} | {ratio} | {better} |")
     return "\n".join(out)
@@ -1023,6 +1040,9 @@ def main():
                     help="what llmr (plugins in engine worker processes) is compared with: llama-server, llmr "
                          "with its plugins in its own process (--engine-isolation in-process), or llmr with "
                          "speculative decoding off in every request (`speculative: false`)")
+    ap.add_argument("--engine", default="llama_cpp", choices=["llama_cpp", "native"],
+                    help="llmr's engine: llama_cpp (both servers on the quantized GGUF) or native (llmr on the "
+                         "Hugging Face folder, llama-server on the F16 GGUF of the same values)")
     ap.add_argument("--servers", default=None, help="for development: run only some servers")
     ap.add_argument("--workloads", default=",".join(n for n, _ in WORKLOADS),
                     help="for development: run only some workloads (their figures are logged)")
@@ -1046,6 +1066,12 @@ def main():
     for n in names:
         if n not in MODELS:
             die(f"unknown model {n} (known: {', '.join(MODELS)})")
+    # What each server loads: the fetch-models name of the reference's file and of llmr's (llmr
+    # as the reference loads what llmr does).
+    files = {n: NATIVE_MODELS[n] if a.engine == "native" else (n, n) for n in names}
+    if a.reference != "llama-server":
+        files = {n: (ours, ours) for n, (_, ours) in files.items()}
+    fetch = sorted({f for pair in files.values() for f in pair})
     if max(sz.levels) > a.slots:
         die(f"--slots {a.slots} is below the highest concurrency {max(sz.levels)}")
 
@@ -1055,9 +1081,9 @@ def main():
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "llmr", "-p", "llmr-llama-cpp"], check=True,
                        cwd=REPO)
         subprocess.run([REPO / "scripts/install-engines"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        fetched = sh([str(REPO / "scripts/fetch-models"), *names, "shakespeare"])
+        fetched = sh([str(REPO / "scripts/fetch-models"), *fetch, "shakespeare"])
     elif not a.no_build:
-        fetched = sh([str(REPO / "scripts/fetch-models"), *names, "shakespeare"])
+        fetched = sh([str(REPO / "scripts/fetch-models"), *fetch, "shakespeare"])
     else:
         fetched = ""
     paths = dict(l.split("\t", 1) for l in fetched.splitlines() if "\t" in l)
@@ -1080,9 +1106,11 @@ def main():
     results, failures = {}, []
     with tempfile.TemporaryDirectory(prefix="llmr-serve-bench-") as logdir:
         for mi, name in enumerate(names):
-            model_path = Path(paths.get(name, cache / MODELS[name]))
-            if not model_path.is_file():
-                die(f"{model_path} is missing: run scripts/fetch-models {name}")
+            model_paths = {kind: Path(paths[f]) if f in paths else cache / CACHED[f]
+                           for kind, f in zip([a.reference, "llmr"], files[name])}
+            for kind, f in zip([a.reference, "llmr"], files[name]):
+                if not model_paths[kind].exists():
+                    die(f"{model_paths[kind]} is missing: run scripts/fetch-models {f}")
             # Alternate which server goes first, so slow drift of a shared machine hits both.
             order = [a.reference, "llmr"] if mi % 2 == 0 else ["llmr", a.reference]
             for kind in [k for k in order if k in a.servers.split(",")]:
@@ -1090,7 +1118,7 @@ def main():
                 for attempt in range(a.retries + 1):
                     t = time.time()
                     try:
-                        fig = asyncio.run(run_server(kind, a, exes[kind], model_path, name, corpus, sz, logdir))
+                        fig = asyncio.run(run_server(kind, a, exes[kind], model_paths[kind], name, corpus, sz, logdir))
                     except HarnessError as e:
                         failures.append(f"{name} / {kind}: {e}")
                         log(f"FAILED {name} / {kind}: {e}")
@@ -1123,7 +1151,11 @@ def main():
                 "llmr-in-process": "the same llmr with its plugins in its own process (`--engine-isolation in-process`)",
                 "llmr-no-spec": "the same llmr with speculative decoding off in every request (`speculative: false`)",
                 }[a.reference]
-             + f"; llmr: release build of this commit, each model in an engine worker process. "
+             + f"; llmr: release build of this commit, each model in an engine worker process"
+             + (", served by the native engine from the Hugging Face folder (bf16 safetensors)"
+                + ("; llama-server gets the F16 GGUF holding the same values" if a.reference == "llama-server" else "")
+                + ". " if a.engine == "native" else ". ")
+             + 
              f"Both servers: {a.threads} threads, "
              f"{a.slots} slots, {total_cells(a.slots, a.ctx)} KV cells "
              f"{'in a stream per slot' if separate else 'in one unified cache'} "
@@ -1137,7 +1169,9 @@ def main():
     for name in names:
         r, o = results.get((name, a.reference)), results.get((name, "llmr"))
         if r and o:
-            parts.append(f"\n**{MODELS[name]}**\n\n{table(r, o, sz.levels, a.reference)}\n\n"
+            ref_file, our_file = (CACHED[f] for f in files[name])
+            label = our_file if ref_file == our_file else f"{our_file} ({a.reference}: {ref_file})"
+            parts.append(f"\n**{label}**\n\n{table(r, o, sz.levels, a.reference)}\n\n"
                          f"Goals:\n\n{goals(r, o, sz.levels, a.reference)}\n")
     if failures:
         parts.append("\nFailures:\n" + "\n".join(f"- {f}" for f in failures) + "\n")

@@ -41,6 +41,29 @@ impl DraftSettings {
     }
 }
 
+/// `speculative_draft_max`, an engine setting: 0 (off) to 32 draft tokens per sequence and step.
+pub fn parse_draft_max(value: &serde_json::Value) -> Result<usize, String> {
+    value
+        .as_u64()
+        .filter(|&v| v <= 32)
+        .map(|v| v as usize)
+        .ok_or_else(|| format!("`speculative_draft_max` takes an integer from 0 (off) to 32, got {value}"))
+}
+
+/// `speculative_threshold`, an engine setting: a chance from 0 (draft as deep as
+/// `speculative_draft_max` whenever the text matches) to 1 (never), or `"auto"` (`None`): what one
+/// more token costs the step, measured.
+pub fn parse_draft_threshold(value: &serde_json::Value) -> Result<Option<f64>, String> {
+    if value.as_str() == Some("auto") {
+        return Ok(None);
+    }
+    value
+        .as_f64()
+        .filter(|v| (0.0..=1.0).contains(v))
+        .map(Some)
+        .ok_or_else(|| format!("`speculative_threshold` takes a number from 0 to 1 or \"auto\", got {value}"))
+}
+
 /// The tokens that followed the most recent earlier occurrence of the longest suffix of
 /// `history` (from `ngram_max` down to `ngram_min` tokens), at most `max` of them; empty when
 /// no suffix occurred before. Scans backwards, so the nearest occurrence wins: in a long context

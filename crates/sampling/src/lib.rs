@@ -22,7 +22,7 @@ mod step_cost;
 mod temperature;
 
 pub use chain::{is_greedy, random_seed, Chain, DevicePick, Direct, Sampler, PENALTY_LAST_N};
-pub use draft::{DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
+pub use draft::{parse_draft_max, parse_draft_threshold, DraftSettings, Speculator, UNKNOWN_COST_THRESHOLD};
 pub use llmr_engine_types::Sampling;
 pub use logits::{argmax, logprobs};
 pub use pacing::Pacer;

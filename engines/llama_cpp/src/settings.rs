@@ -258,24 +258,14 @@ pub fn parse_kv_cells(value: &serde_json::Value) -> Result<u32, EngineError> {
         .ok_or_else(|| unsupported(format!("`kv_cells` takes an integer from 16 to 16777216, got {value}")))
 }
 
-/// `speculative_draft_max`: 0 (off) to 32 draft tokens per sequence and step.
+/// `speculative_draft_max` (`llmr_sampling::parse_draft_max`).
 pub fn parse_draft_max(value: &serde_json::Value) -> Result<u32, EngineError> {
-    value
-        .as_u64()
-        .filter(|&v| v <= 32)
-        .map(|v| v as u32)
-        .ok_or_else(|| unsupported(format!("`speculative_draft_max` takes an integer from 0 (off) to 32, got {value}")))
+    llmr_sampling::parse_draft_max(value).map(|n| n as u32).map_err(unsupported)
 }
 
-/// `speculative_threshold`: a chance from 0 (draft as deep as `speculative_draft_max` whenever
-/// the text matches) to 1 (never), or `"auto"`: what one more token costs, measured.
+/// `speculative_threshold` (`llmr_sampling::parse_draft_threshold`).
 pub fn parse_draft_threshold(value: &serde_json::Value) -> Result<Option<f64>, EngineError> {
-    if value.as_str() == Some("auto") {
-        return Ok(None);
-    }
-    value.as_f64().filter(|v| (0.0..=1.0).contains(v)).map(Some).ok_or_else(|| {
-        unsupported(format!("`speculative_threshold` takes a number from 0 to 1 or \"auto\", got {value}"))
-    })
+    llmr_sampling::parse_draft_threshold(value).map_err(unsupported)
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ use llmr_engine_sdk::{
     TokenSink,
 };
 use llmr_kv_policy::{Calibration, KvPolicy};
+use llmr_sampling::DraftSettings;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -228,6 +229,20 @@ impl NativeEngine {
         Ok(())
     }
 
+    /// Prompt-lookup speculation, as the llama.cpp plugin takes it (load options or engine
+    /// params): `speculative_draft_max` (default 8, 0: off) and `speculative_threshold`.
+    fn speculation(&self, desc: &ModelDesc) -> Result<(usize, Option<f64>), EngineError> {
+        let max = match self.setting(desc, "speculative_draft_max") {
+            Some(v) => llmr_sampling::parse_draft_max(v).map_err(EngineError::load_failed)?,
+            None => DraftSettings::DEFAULT.max,
+        };
+        let threshold = match self.setting(desc, "speculative_threshold") {
+            Some(v) => llmr_sampling::parse_draft_threshold(v).map_err(EngineError::load_failed)?,
+            None => None,
+        };
+        Ok((max, threshold))
+    }
+
     /// The sliding-window layers whose blocks out of every window still to come give their
     /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
     /// as llama.cpp's) keeps every position.
@@ -376,8 +391,15 @@ impl Engine for NativeEngine {
         );
         let stats = Arc::new(Stats::default());
         let (prefill_chunk, prefill_stall) = *self.step.lock().unwrap();
-        let settings =
-            StepSettings { slots: slots as usize, prefill_chunk, prefill_stall, ctx_per_seq: ctx_per_seq as usize };
+        let (draft_max, draft_threshold) = self.speculation(&desc)?;
+        let settings = StepSettings {
+            slots: slots as usize,
+            prefill_chunk,
+            prefill_stall,
+            ctx_per_seq: ctx_per_seq as usize,
+            draft_max,
+            draft_threshold,
+        };
         let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
         let scheduler =
             spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
@@ -604,6 +626,8 @@ impl Engine for NativeEngine {
                     "preemptions_total": get(&s.preemptions_total),
                     "constrained_tokens_total": get(&s.constrained_tokens_total),
                     "constraint_seconds_total": get(&s.constraint_ns_total) as f64 / 1e9,
+                    "draft_tokens_total": get(&s.draft_tokens_total),
+                    "draft_accepted_total": get(&s.draft_accepted_total),
                 })
             })
             .collect();

@@ -13,6 +13,13 @@
 //! the pool has room (or nothing runs), reading again only what the index no longer holds. No
 //! answer is cut short for room; only a lone sequence, which the budget always holds, could be.
 //!
+//! Speculative decoding by prompt lookup (`llmr_sampling::Speculator`, as in the llama.cpp
+//! plugin): a generating sequence may feed, after its pending token, a draft copied from its own
+//! earlier text. The step samples at each of those positions in order and keeps the draft up to
+//! the first token the sampler did not pick; the rest leaves the sequence's table before its
+//! blocks are published. Drafts take batch room from the prompt chunk and never ask the pool for
+//! room it does not have.
+//!
 //! Between steps the KV policy (`llmr_kv_policy`, applied by `kv_control.rs`) stores blocks at
 //! lower levels, and back up from their f16 copies (`kv_spill.rs`): every `MID_LOOP` (level adjustments), at once when pressure passes the policy's
 //! high band or the pool has no room for a step (before any sequence is preempted for room) or,
@@ -30,7 +37,7 @@ use llmr_engine_sdk::text::StopMatcher;
 use llmr_engine_sdk::worker::{cancelled_in_queue, clock_ns, finished, Event, TokenEvent};
 use llmr_engine_sdk::{EngineError, ErrorCode, FinishReason, Logger, Sampling};
 use llmr_kv_policy::KvPolicy;
-use llmr_sampling::{logprobs, Pacer, Sampler};
+use llmr_sampling::{logprobs, DraftSettings, Pacer, Sampler, Speculator, StepCost, UNKNOWN_COST_THRESHOLD};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -40,6 +47,13 @@ use std::time::{Duration, Instant};
 /// The policy's level adjustments run this often (spec 002's mid loop); its fast loop (pressure
 /// above the high band, no room) runs between any two steps.
 const MID_LOOP: Duration = Duration::from_millis(10);
+
+/// What a step's draws left one sequence to send: its tokens, and how it ended if it did.
+struct Delivery {
+    seq: usize,
+    tokens: Vec<TokenEvent>,
+    end: Option<Result<FinishReason, EngineError>>,
+}
 
 /// A generation request, tokenized by the caller.
 pub struct Job {
@@ -105,6 +119,9 @@ pub struct Stats {
     /// following the drawn token).
     pub constrained_tokens_total: AtomicU64,
     pub constraint_ns_total: AtomicU64,
+    /// Draft tokens fed for speculative decoding, and those the sampler kept.
+    pub draft_tokens_total: AtomicU64,
+    pub draft_accepted_total: AtomicU64,
 }
 
 /// How a model's worker runs.
@@ -116,6 +133,10 @@ pub struct StepSettings {
     /// generate (`Pacer`).
     pub prefill_stall: f64,
     pub ctx_per_seq: usize,
+    /// Prompt-lookup speculation: most draft tokens per sequence and step (0: off), and the
+    /// chance of being kept a draft token needs (`None`: what one more token costs the step).
+    pub draft_max: usize,
+    pub draft_threshold: Option<f64>,
 }
 
 /// What a step produced for the sequences that sample: logits rows, or (on a model that picks
@@ -151,8 +172,11 @@ struct Running {
     constrained: Option<ConstrainedSampler>,
     /// Sampled but not yet fed to the model.
     pending: Option<u32>,
-    /// Row of this step's logits this sequence samples from.
+    /// Row of this step's logits this sequence samples from (its drafts' rows follow it).
     logits_row: Option<usize>,
+    /// The draft fed this step after the pending token.
+    drafted: Vec<u32>,
+    spec: Speculator,
     generated: u32,
     detok: Detokenizer,
     stops: StopMatcher,
@@ -187,6 +211,8 @@ pub struct Scheduler {
     embeds: VecDeque<EmbedRun>,
     scratch: Scratch,
     pacer: Pacer,
+    /// What a step costs by its number of tokens: whether draft tokens pay.
+    cost: StepCost,
     policy: KvPolicy,
     next_pass: Instant,
     /// A pass of the baseline policy (promotion only) failed: no more passes, lest a broken
@@ -226,6 +252,7 @@ impl Scheduler {
             embeds: VecDeque::new(),
             scratch: Scratch::default(),
             pacer: Pacer::default(),
+            cost: StepCost::default(),
             policy,
             next_pass: Instant::now(),
             promotion_failed: false,
@@ -368,6 +395,7 @@ impl Scheduler {
             let reused = self.pool.attach_prefix(&mut table, &feed);
             self.stats.prompt_tokens_total.fetch_add(feed.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
+            let draft_max = if job.sampling.speculative { self.settings.draft_max } else { 0 };
             self.running.push(Running {
                 sampler: Sampler::new(&job.sampling, self.vocab),
                 constrained: job.mask.take().map(|m| ConstrainedSampler::new(m, &job.sampling, self.vocab)),
@@ -381,6 +409,8 @@ impl Scheduler {
                 attached: reused,
                 pending: None,
                 logits_row: None,
+                drafted: Vec::new(),
+                spec: Speculator::new(DraftSettings { max: draft_max, ..DraftSettings::DEFAULT }),
                 generated: 0,
                 detok: self.tokenizer.decoder(job.special_text),
                 started: Instant::now(),
@@ -409,8 +439,17 @@ impl Scheduler {
             break;
         }
         let mut batch = Vec::new();
+        let chunk = self.settings.prefill_chunk;
+        let mut budget = chunk;
+        let generating = self.running.iter().filter(|r| r.pending.is_some() && !r.reading()).count();
+        let threshold = self
+            .settings
+            .draft_threshold
+            .unwrap_or_else(|| self.cost.marginal_share(generating).unwrap_or(UNKNOWN_COST_THRESHOLD));
+        let mut decoding = 0;
         for (s, r) in self.running.iter_mut().enumerate() {
             r.logits_row = None;
+            r.drafted.clear();
             if r.reading() {
                 continue;
             }
@@ -418,12 +457,26 @@ impl Scheduler {
                 batch.push(BatchToken { token: tok, seq: s, pos: r.table.len, logits: true });
                 r.tokens.push(tok);
                 r.table.len += 1;
+                decoding += 1;
+                // A draft never asks for more than the request and the context have left (the
+                // token sampled from `tok`'s logits is the first of what remains), nor for blocks
+                // the pool does not have free.
+                let left = (r.job.max_tokens.saturating_sub(r.generated) as usize).saturating_sub(1);
+                let room = left.min(self.settings.ctx_per_seq.saturating_sub(r.table.len + 1)).min(budget);
+                let mut draft = r.spec.draft(&r.tokens, room, threshold);
+                if !draft.is_empty() && self.pool.reserve(&mut r.table, draft.len()).is_err() {
+                    draft.clear();
+                }
+                for &d in &draft {
+                    batch.push(BatchToken { token: d, seq: s, pos: r.table.len, logits: true });
+                    r.tokens.push(d);
+                    r.table.len += 1;
+                }
+                budget -= draft.len();
+                r.drafted = draft;
             }
         }
-        let decoding = batch.len();
         // Prompt chunks, oldest request first; a long prompt is paced while others generate.
-        let chunk = self.settings.prefill_chunk;
-        let mut budget = chunk;
         let mut paced = self.pacer.budget(decoding, chunk, self.settings.prefill_stall);
         let mut order: Vec<usize> = (0..self.running.len()).filter(|&s| self.running[s].reading()).collect();
         order.sort_by_key(|&s| self.running[s].started);
@@ -481,11 +534,11 @@ impl Scheduler {
             }
             return;
         }
-        // Which row of the logits each sampling sequence reads.
+        // Which row of the logits each sampling sequence reads first (its drafts' rows follow).
         let mut row = 0;
         for b in &batch {
             if b.logits {
-                self.running[b.seq].logits_row = Some(row);
+                self.running[b.seq].logits_row.get_or_insert(row);
                 row += 1;
             }
         }
@@ -496,7 +549,8 @@ impl Scheduler {
             let mut picks = vec![None; row];
             for r in self.running.iter_mut() {
                 if let Some(at) = r.logits_row {
-                    if r.constrained.is_none() && r.job.sampling.logprobs.is_none() {
+                    // A draft is checked against draws in order: the host draws for it.
+                    if r.constrained.is_none() && r.job.sampling.logprobs.is_none() && r.drafted.is_empty() {
                         picks[at] = r.sampler.device_pick(draws);
                     }
                 }
@@ -515,8 +569,26 @@ impl Scheduler {
             Ok(out) => out,
             Err(e) => return self.fail_running(&e.to_string()),
         };
-        self.pacer.record(decoding, batch.len() - decoding, started.elapsed().as_nanos() as u64);
+        let elapsed = started.elapsed().as_nanos() as u64;
+        self.pacer.record(decoding, batch.len() - decoding, elapsed);
+        self.cost.record(batch.len(), elapsed);
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
+        // Draws first, so that rejected drafts leave the tables before their blocks are
+        // published; tokens are sent last, so that a requester reading metrics when its
+        // answer ends sees this step's policy pass.
+        let (mut deliveries, vocab) = (Vec::new(), self.vocab);
+        for i in 0..self.running.len() {
+            if let Some(row) = self.running[i].logits_row {
+                let drawn = |row: usize| match &out {
+                    StepOutput::Logits(logits) => Drawn::Logits(&logits[row * vocab..(row + 1) * vocab]),
+                    StepOutput::Picked(rows) => match &rows[row] {
+                        Picked::Id(id) => Drawn::Id(*id),
+                        Picked::Logits(logits) => Drawn::Logits(logits),
+                    },
+                };
+                deliveries.push(self.sample(i, row, drawn));
+            }
+        }
         let window = self.pool.window();
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
@@ -527,47 +599,89 @@ impl Scheduler {
         }
         self.control(None);
         self.publish_kv_stats();
-        let mut i = 0;
-        while i < self.running.len() {
-            match self.running[i].logits_row {
-                Some(row) => {
-                    let drawn = match &out {
-                        StepOutput::Logits(logits) => Drawn::Logits(&logits[row * self.vocab..(row + 1) * self.vocab]),
-                        StepOutput::Picked(rows) => match &rows[row] {
-                            Picked::Id(id) => Drawn::Id(*id),
-                            Picked::Logits(logits) => Drawn::Logits(logits),
-                        },
-                    };
-                    if self.sample(i, drawn) {
-                        i += 1;
-                    }
-                }
-                None => i += 1,
-            }
+        // Highest index first: an ended sequence's place in `running` goes to the last one.
+        for d in deliveries.into_iter().rev() {
+            self.deliver(d);
         }
     }
 
-    /// Samples the next token of sequence `i`; returns false when the sequence ended (and left
-    /// `running`).
-    fn sample(&mut self, i: usize, drawn: Drawn) -> bool {
+    /// Samples sequence `i`'s next token from row `row`, then, while it equals the next draft
+    /// token, the token after it from that draft token's row; the first token that differs (or
+    /// the one after a wholly kept draft) becomes the pending token, and the draft tokens not
+    /// kept leave the table. Nothing is sent yet (`deliver`).
+    fn sample<'a>(&mut self, i: usize, row: usize, drawn: impl Fn(usize) -> Drawn<'a>) -> Delivery {
+        let drafted = std::mem::take(&mut self.running[i].drafted);
+        // Positions in the table up to and including the pending token.
+        let base = self.running[i].table.len - drafted.len();
+        let (mut kept, mut tokens) = (0, Vec::new());
+        let end = loop {
+            match self.draw(i, drawn(row + kept), base + kept) {
+                Err(e) => break Some(Err(e)),
+                Ok((event, token, finish)) => {
+                    tokens.push(event);
+                    match finish {
+                        Some(reason) => break Some(Ok(reason)),
+                        None if drafted.get(kept) == Some(&token) => kept += 1,
+                        None => {
+                            self.running[i].pending = Some(token);
+                            break None;
+                        }
+                    }
+                }
+            }
+        };
+        if !drafted.is_empty() {
+            self.stats.draft_tokens_total.fetch_add(drafted.len() as u64, Ordering::Relaxed);
+            self.stats.draft_accepted_total.fetch_add(kept as u64, Ordering::Relaxed);
+            let r = &mut self.running[i];
+            r.spec.record(drafted.len(), kept);
+            r.tokens.truncate(base + kept);
+            self.pool.truncate(&mut r.table, base + kept);
+        }
+        Delivery { seq: i, tokens, end }
+    }
+
+    /// Sends a sequence's tokens of this step; ends it if its draws did, or if its requester
+    /// is gone.
+    fn deliver(&mut self, d: Delivery) {
+        let events = &self.running[d.seq].job.events;
+        let mut delivered = true;
+        for mut token in d.tokens {
+            token.t_ns = clock_ns();
+            delivered &= events.send(Event::Token(token)).is_ok();
+        }
+        match d.end {
+            Some(Ok(reason)) => self.finish(d.seq, reason),
+            Some(Err(e)) => self.fail(d.seq, e),
+            None if !delivered => self.finish(d.seq, FinishReason::Cancelled),
+            None => {}
+        }
+    }
+
+    /// Draws sequence `i`'s token from `drawn`, the first `in_table` of its tokens being before
+    /// it: the token's event, the token, and the reason it ends the sequence if it does.
+    fn draw(
+        &mut self,
+        i: usize,
+        drawn: Drawn,
+        in_table: usize,
+    ) -> Result<(TokenEvent, u32, Option<FinishReason>), EngineError> {
         let tk = &self.tokenizer;
         let ctx_per_seq = self.settings.ctx_per_seq;
         let r = &mut self.running[i];
+        let history = &r.tokens[..in_table];
         let token = match (drawn, r.constrained.as_mut()) {
             // Only sequences the model picked for get an id: greedy or a temperature draw, the
             // draw's random number already taken from their sampler (`step`).
             (Drawn::Id(id), _) => id,
-            (Drawn::Logits(logits), None) => r.sampler.sample(logits, &r.tokens),
+            (Drawn::Logits(logits), None) => r.sampler.sample(logits, history),
             (Drawn::Logits(logits), Some(c)) => {
-                let drawn = c.sample(logits, &r.tokens);
+                let drawn = c.sample(logits, history);
                 self.stats.constrained_tokens_total.fetch_add(1, Ordering::Relaxed);
                 self.stats.constraint_ns_total.fetch_add(c.take_mask_time().as_nanos() as u64, Ordering::Relaxed);
                 match drawn {
                     Ok(t) => t,
-                    Err(e) => {
-                        self.fail(i, EngineError::internal(format!("constrained decoding failed: {e}")));
-                        return false;
-                    }
+                    Err(e) => return Err(EngineError::internal(format!("constrained decoding failed: {e}"))),
                 }
             }
         };
@@ -591,29 +705,14 @@ impl Scheduler {
             text.push_str(r.stops.push(&piece));
             if r.stops.stopped() {
                 finish = Some(FinishReason::Stop);
-            } else if r.generated >= r.job.max_tokens || r.table.len + 1 >= ctx_per_seq {
+            } else if r.generated >= r.job.max_tokens || in_table + 1 >= ctx_per_seq {
                 finish = Some(FinishReason::Length);
             }
         }
         if finish.is_some() && !r.stops.stopped() {
             text.push_str(r.stops.finish());
         }
-        let event = TokenEvent { id: token as i32, text, logprob, top, t_ns: clock_ns() };
-        let delivered = r.job.events.send(Event::Token(event)).is_ok();
-        match finish {
-            Some(reason) => {
-                self.finish(i, reason);
-                false
-            }
-            None if !delivered => {
-                self.finish(i, FinishReason::Cancelled);
-                false
-            }
-            None => {
-                r.pending = Some(token);
-                true
-            }
-        }
+        Ok((TokenEvent { id: token as i32, text, logprob, top, t_ns: 0 }, token, finish))
     }
 
     /// Runs a policy pass when one is due, or at once when the next step needs `room` blocks
