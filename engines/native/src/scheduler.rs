@@ -571,7 +571,12 @@ impl Scheduler {
         };
         let elapsed = started.elapsed().as_nanos() as u64;
         self.pacer.record(decoding, batch.len() - decoding, elapsed);
-        self.cost.record(batch.len(), elapsed);
+        // What a draft token costs is what a token with logits costs: steps with prompt tokens
+        // (most without logits) would teach a cheaper slope, and on a model with a large
+        // output layer (Gemma 3's 262k entries) drafts would then be fed at a loss.
+        if row == batch.len() {
+            self.cost.record(batch.len(), elapsed);
+        }
         self.stats.decode_steps_total.fetch_add(1, Ordering::Relaxed);
         // Draws first, so that rejected drafts leave the tables before their blocks are
         // published; tokens are sent last, so that a requester reading metrics when its
