@@ -23,6 +23,7 @@ pub mod kv_retrieval;
 pub mod kv_spill;
 pub mod rope;
 mod scheduler;
+mod settings;
 pub mod tokenizer;
 
 use arch::Model;
@@ -39,8 +40,8 @@ use llmr_engine_sdk::{
     TokenSink,
 };
 use llmr_kv_policy::{Calibration, KvPolicy};
-use llmr_sampling::DraftSettings;
 use scheduler::{Command, Job, Scheduler, Stats, StepSettings};
+use settings::{LiveChange, LiveSettings};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,9 +53,6 @@ const DEFAULT_SLOTS: u32 = 4;
 /// The default context per sequence is the model's training context, capped (as the llama.cpp
 /// plugin caps it): KV blocks are allocated as used, but the pool's bound follows from it.
 const DEFAULT_CTX_CAP: u32 = 8192;
-const DEFAULT_PREFILL_CHUNK: usize = 256;
-/// As the llama.cpp plugin's (bench/RESULTS.md, "Pacing long prompts").
-const DEFAULT_PREFILL_STALL: f64 = 4.0;
 
 struct LoadedModel {
     config: ModelConfig,
@@ -85,7 +83,7 @@ pub struct NativeEngine {
     config: EngineConfig,
     /// Step settings for models loaded from now on (`set_config` without a model id changes them
     /// and every loaded model's).
-    step: Mutex<(usize, f64)>,
+    step: Mutex<LiveSettings>,
     /// The KV policy of models loaded from now on (`kv_policy` param, `set_config` without a
     /// model id).
     policy: Mutex<KvPolicy>,
@@ -229,20 +227,6 @@ impl NativeEngine {
         Ok(())
     }
 
-    /// Prompt-lookup speculation, as the llama.cpp plugin takes it (load options or engine
-    /// params): `speculative_draft_max` (default 8, 0: off) and `speculative_threshold`.
-    fn speculation(&self, desc: &ModelDesc) -> Result<(usize, Option<f64>), EngineError> {
-        let max = match self.setting(desc, "speculative_draft_max") {
-            Some(v) => llmr_sampling::parse_draft_max(v).map_err(EngineError::load_failed)?,
-            None => DraftSettings::DEFAULT.max,
-        };
-        let threshold = match self.setting(desc, "speculative_threshold") {
-            Some(v) => llmr_sampling::parse_draft_threshold(v).map_err(EngineError::load_failed)?,
-            None => None,
-        };
-        Ok((max, threshold))
-    }
-
     /// The sliding-window layers whose blocks out of every window still to come give their
     /// storage back (`KvPool::with_window`), unless `swa_full` (a load option or engine param,
     /// as llama.cpp's) keeps every position.
@@ -320,16 +304,14 @@ impl Engine for NativeEngine {
                 "this build of the native engine runs on the CPU, and on CUDA GPUs when built with the `cuda` feature",
             ));
         }
-        let param = |key: &str| config.params.get(key).and_then(|v| v.as_f64());
-        let prefill_chunk = param("prefill_chunk").map_or(DEFAULT_PREFILL_CHUNK, |v| v.clamp(1.0, 65536.0) as usize);
-        let prefill_stall = param("prefill_stall").map_or(DEFAULT_PREFILL_STALL, |v| v.max(1.0));
+        let step = LiveSettings::default().with_keys_of(&config.params)?;
         let policy = match config.params.get("kv_policy") {
             Some(patch) => policy_for(&KvPolicy::baseline(), patch, cuda)?,
             None => KvPolicy::baseline(),
         };
         Ok(NativeEngine {
             config,
-            step: Mutex::new((prefill_chunk, prefill_stall)),
+            step: Mutex::new(step),
             policy: Mutex::new(policy),
             models: RwLock::default(),
             running: Mutex::default(),
@@ -390,16 +372,10 @@ impl Engine for NativeEngine {
                 .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start the thread pool: {e}")))?,
         );
         let stats = Arc::new(Stats::default());
-        let (prefill_chunk, prefill_stall) = *self.step.lock().unwrap();
-        let (draft_max, draft_threshold) = self.speculation(&desc)?;
-        let settings = StepSettings {
-            slots: slots as usize,
-            prefill_chunk,
-            prefill_stall,
-            ctx_per_seq: ctx_per_seq as usize,
-            draft_max,
-            draft_threshold,
-        };
+        // The model's load options override the engine's step settings for it.
+        let live =
+            self.step.lock().unwrap().with_keys_of(&desc.options).map_err(|e| EngineError::load_failed(e.message))?;
+        let settings = StepSettings { slots: slots as usize, ctx_per_seq: ctx_per_seq as usize, live };
         let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
         let scheduler =
             spawn_worker(format!("llmr-sched-{}", desc.model_id), Some(Command::Shutdown), move |rx, ready| {
@@ -573,15 +549,13 @@ impl Engine for NativeEngine {
                 }
             };
         }
-        let (prefill_chunk, prefill_stall) = step_setting(key, &value)?;
-        let change = || Command::Step { prefill_chunk, prefill_stall };
+        let change = LiveChange::parse(key, &value)?;
         match model_id {
-            Some(id) => self.model(id)?.scheduler.send(change()),
+            Some(id) => self.model(id)?.scheduler.send(Command::Step(change)),
             None => {
-                let mut step = self.step.lock().unwrap();
-                *step = (prefill_chunk.unwrap_or(step.0), prefill_stall.unwrap_or(step.1));
+                self.step.lock().unwrap().apply(change);
                 for m in self.models.read().unwrap().values() {
-                    m.scheduler.send(change())?;
+                    m.scheduler.send(Command::Step(change))?;
                 }
                 Ok(())
             }
@@ -645,22 +619,6 @@ fn policy_for(current: &KvPolicy, patch: &serde_json::Value, on_gpu: bool) -> Re
         ));
     }
     Ok(policy)
-}
-
-/// A `set_config` value for `prefill_chunk` (tokens, 1..=65536) or `prefill_stall` (>= 1).
-fn step_setting(key: &str, value: &serde_json::Value) -> Result<(Option<usize>, Option<f64>), EngineError> {
-    let bad = |what: &str| EngineError::new(ErrorCode::Unsupported, format!("`{key}` must be {what}"));
-    match key {
-        "prefill_chunk" => match value.as_u64() {
-            Some(n @ 1..=65536) => Ok((Some(n as usize), None)),
-            _ => Err(bad("an integer from 1 to 65536")),
-        },
-        "prefill_stall" => match value.as_f64() {
-            Some(x) if x >= 1.0 && x.is_finite() => Ok((None, Some(x))),
-            _ => Err(bad("a number >= 1")),
-        },
-        _ => Err(EngineError::new(ErrorCode::Unsupported, format!("unknown setting `{key}`"))),
-    }
 }
 
 llmr_engine_sdk::export_engine!(NativeEngine);

@@ -31,6 +31,7 @@ use crate::arch::{BatchToken, Model, Picked, Scratch};
 use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
 use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
 use crate::kv_control::{self, SeqView};
+use crate::settings::{LiveChange, LiveSettings};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
 use llmr_constraint::{ConstrainedSampler, TokenMask};
 use llmr_engine_sdk::text::StopMatcher;
@@ -75,11 +76,8 @@ pub enum Command {
     Infer(Job),
     /// Embeddings, read one prompt chunk per turn between steps.
     Embed(EmbedJob),
-    /// New step settings (`set_config`); they apply from the next step.
-    Step {
-        prefill_chunk: Option<usize>,
-        prefill_stall: Option<f64>,
-    },
+    /// A step setting changed (`set_config`); it applies from the next step.
+    Step(LiveChange),
     /// A new KV policy, checked by the caller; it applies from the next pass.
     Policy(KvPolicy),
     Shutdown,
@@ -128,15 +126,9 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug)]
 pub struct StepSettings {
     pub slots: usize,
-    pub prefill_chunk: usize,
-    /// How much longer than a plain decode step a step with prompt tokens may take while others
-    /// generate (`Pacer`).
-    pub prefill_stall: f64,
     pub ctx_per_seq: usize,
-    /// Prompt-lookup speculation: most draft tokens per sequence and step (0: off), and the
-    /// chance of being kept a draft token needs (`None`: what one more token costs the step).
-    pub draft_max: usize,
-    pub draft_threshold: Option<f64>,
+    /// What `set_config` changes while the model runs.
+    pub live: LiveSettings,
 }
 
 /// What a step produced for the sequences that sample: logits rows, or (on a model that picks
@@ -287,7 +279,7 @@ impl Scheduler {
                     pool: &mut self.pool,
                     threads: &self.threads,
                     scratch: &mut self.scratch,
-                    chunk: self.settings.prefill_chunk,
+                    chunk: self.settings.live.prefill_chunk,
                 };
                 if run.advance(&mut ctx) {
                     self.embeds.pop_front();
@@ -311,9 +303,8 @@ impl Scheduler {
                 self.embeds.push_back(EmbedRun::new(job));
                 true
             }
-            Command::Step { prefill_chunk, prefill_stall } => {
-                self.settings.prefill_chunk = prefill_chunk.unwrap_or(self.settings.prefill_chunk);
-                self.settings.prefill_stall = prefill_stall.unwrap_or(self.settings.prefill_stall);
+            Command::Step(change) => {
+                self.settings.live.apply(change);
                 true
             }
             Command::Policy(policy) => {
@@ -395,7 +386,7 @@ impl Scheduler {
             let reused = self.pool.attach_prefix(&mut table, &feed);
             self.stats.prompt_tokens_total.fetch_add(feed.len() as u64, Ordering::Relaxed);
             self.stats.cached_tokens_total.fetch_add(reused as u64, Ordering::Relaxed);
-            let draft_max = if job.sampling.speculative { self.settings.draft_max } else { 0 };
+            let draft_max = if job.sampling.speculative { self.settings.live.draft_max } else { 0 };
             self.running.push(Running {
                 sampler: Sampler::new(&job.sampling, self.vocab),
                 constrained: job.mask.take().map(|m| ConstrainedSampler::new(m, &job.sampling, self.vocab)),
@@ -439,11 +430,12 @@ impl Scheduler {
             break;
         }
         let mut batch = Vec::new();
-        let chunk = self.settings.prefill_chunk;
+        let chunk = self.settings.live.prefill_chunk;
         let mut budget = chunk;
         let generating = self.running.iter().filter(|r| r.pending.is_some() && !r.reading()).count();
         let threshold = self
             .settings
+            .live
             .draft_threshold
             .unwrap_or_else(|| self.cost.marginal_share(generating).unwrap_or(UNKNOWN_COST_THRESHOLD));
         let mut decoding = 0;
@@ -477,7 +469,7 @@ impl Scheduler {
             }
         }
         // Prompt chunks, oldest request first; a long prompt is paced while others generate.
-        let mut paced = self.pacer.budget(decoding, chunk, self.settings.prefill_stall);
+        let mut paced = self.pacer.budget(decoding, chunk, self.settings.live.prefill_stall);
         let mut order: Vec<usize> = (0..self.running.len()).filter(|&s| self.running[s].reading()).collect();
         order.sort_by_key(|&s| self.running[s].started);
         // A dynamic policy may make room for a waiting prompt as it does for a decode token
@@ -529,7 +521,9 @@ impl Scheduler {
             // Every running prompt waits for room: the policy makes some if it can, or else
             // the newest steps aside. The pool's budget holds at least one full f16 context, so
             // the oldest always goes on.
-            if !self.running.is_empty() && !self.control(Some(self.settings.prefill_chunk.div_ceil(BLOCK_TOKENS) + 1)) {
+            if !self.running.is_empty()
+                && !self.control(Some(self.settings.live.prefill_chunk.div_ceil(BLOCK_TOKENS) + 1))
+            {
                 self.preempt_newest();
             }
             return;
