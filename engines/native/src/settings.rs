@@ -7,7 +7,8 @@ use llmr_sampling::{parse_draft_max, parse_draft_threshold, DraftSettings};
 
 pub const DEFAULT_PREFILL_CHUNK: usize = 256;
 /// How much longer than a plain decode step a step holding prompt tokens may take while others
-/// generate (`llmr_sampling::Pacer`).
+/// generate (`llmr_sampling::Pacer`): the llama.cpp plugin's (bench/RESULTS.md, "Pacing long
+/// prompts").
 pub const DEFAULT_PREFILL_STALL: f64 = 4.0;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
