@@ -402,6 +402,20 @@ fn speculation_keeps_the_output_and_saves_steps_when_the_answer_copies_the_promp
         }
     }
     assert!(sampled_kept > 0, "no draft kept under sampling");
+    // Turned off live (`set_config`), as the llama.cpp plugin's: no drafts, one step per token.
+    e.set_config(Some("smollm2"), "speculative_draft_max", &serde_json::json!(0)).unwrap();
+    let bad = e.set_config(Some("smollm2"), "speculative_threshold", &serde_json::json!(2)).unwrap_err();
+    assert!(bad.message.contains("speculative_threshold"), "{}", bad.message);
+    let before = stats(&e);
+    let (off, ..) =
+        ids(&e, &InferParams::new(450, "smollm2", &prompt, Sampling { max_tokens: Some(48), ..Sampling::greedy() }));
+    let after = stats(&e);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (off.len() as u64, 0),
+        "speculative_draft_max 0 drafts nothing"
+    );
+    e.set_config(Some("smollm2"), "speculative_draft_max", &serde_json::json!(8)).unwrap();
     // The cache now holds blocks of answers whose rejected drafts were cut off; a request reusing
     // the whole conversation answers as a fresh instance does.
     let (_, greedy_text, ..) = ids(
