@@ -305,9 +305,10 @@ fn cancelling_while_a_request_waits_preempted_leaves_nothing_behind() {
 }
 
 /// Recall in the serving path: a key said once early in a ~1,200-token prompt, under a dynamic
-/// policy set to evict every block outside the sinks and the recent window above a tenth of the
-/// budget (so that the key's block is evicted whatever the attention scores say: which blocks
-/// matter least moves with the last bits of the kernels, which differ between CPUs). With recall
+/// policy set to evict every block outside the sinks and the recent window whatever the pressure
+/// (so that the key's block is evicted whatever the attention scores say: which blocks matter
+/// least moves with the last bits of the kernels, which differ between CPUs; with a pressure band
+/// the pass stops evicting once under it, and the most important blocks go to int4 instead). With recall
 /// (on by default) the question's queries find the key's blocks through their int4 key index,
 /// the engine reads them back, and the answer has the key; with `kv_recall: false` blocks are
 /// evicted whole, nothing is read back, and the key is lost.
@@ -327,7 +328,7 @@ fn evicted_blocks_the_question_needs_are_read_back_while_serving() {
         let mut s = spec("smollm2", &cached_model("smollm2-hf"));
         s.context_length = 1280;
         s.options = Some(json!({
-            "kv_policy": {"mode": "dynamic", "profile": "aggressive", "pressure": {"mid": 0.0, "high": 0.1},
+            "kv_policy": {"mode": "dynamic", "profile": "aggressive", "pressure": {"mid": 0.0, "high": 0.0},
                           "level_thresholds": {"L1_int8": 1.01, "L2_int4": 1.01, "L3_evict": 1.01}},
             "kv_budget_mib": 29, "kv_recall": recall
         }));
