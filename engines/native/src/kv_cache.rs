@@ -14,6 +14,11 @@
 //!   block's key and this block's tokens). A new request walks its prompt's full blocks through
 //!   the index and starts computing after the last one found. Blocks no sequence uses stay in
 //!   the index, least recently released first to be reused, until the pool needs them.
+//! - A sequence that ends leaves its last block, when partial, as an idle *tail* keyed by the
+//!   prefix before it (`free_table_keeping_tail`): a later request continuing the same tokens
+//!   (the next turn of a chat) takes it over in `attach_prefix` and computes from the first
+//!   position that differs, not from the block's start. Taking it over needs no copy either:
+//!   the new owner writes the block's remaining positions, and nobody else holds it.
 //! - Sliding-window layers (Gemma 3, gpt-oss; `with_window`) give back a block's storage once
 //!   every query still to come of the one sequence holding it starts past it
 //!   (`drop_out_of_window`): the cache holds each sequence's window in those layers, not every
@@ -40,8 +45,10 @@ struct Block {
     refs: u32,
     /// Its key in the prefix index, once full and registered.
     key: Option<u64>,
-    /// The tokens it holds, once registered.
+    /// The tokens it holds, once registered (or its first `tail.1`, as an idle tail).
     tokens: [u32; BLOCK_TOKENS],
+    /// As an idle tail: the key of the prefix it continues and how many positions it holds.
+    tail: Option<(u64, u8)>,
     /// Attention it received (when the pool tracks it): the sum of softmax weights over its
     /// positions, and how many (query, head, layer) rows that saw it, since it was allocated.
     mass: AtomicU64,
@@ -66,6 +73,22 @@ impl Shape {
     /// Bytes one block takes (all layers, keys and values, f16).
     pub fn block_bytes(&self) -> usize {
         self.layers * 2 * self.layer_elems() * 2
+    }
+
+    /// The most one sequence of `ctx` positions holds in f16: every position in the full
+    /// layers; in the `sliding` ones, which give back blocks out of every window still to come
+    /// (`KvPool::drop_out_of_window`), its window, the window kept before its prompt's end, a
+    /// prompt chunk of `chunk` positions written before the step gives blocks back, and blocks
+    /// of rounding for each.
+    pub fn context_bytes(&self, ctx: usize, sliding: usize, window: usize, chunk: usize) -> usize {
+        let blocks = ctx.div_ceil(BLOCK_TOKENS);
+        let windowed = if sliding > 0 && window > 0 {
+            blocks.min((2 * window + chunk + BLOCK_TOKENS).div_ceil(BLOCK_TOKENS) + 4)
+        } else {
+            blocks
+        };
+        let per_layer = self.block_bytes() / self.layers;
+        per_layer * ((self.layers - sliding) * blocks + sliding * windowed)
     }
 }
 
@@ -96,9 +119,11 @@ pub struct KvPool {
     /// (block, layer) pairs with storage below f16 (0: `level_counts` needs no walk).
     lowered: usize,
     free: Vec<BlockId>,
-    /// Released blocks still in the index, oldest release first.
+    /// Released blocks still in the index or `tails`, oldest release first.
     idle: VecDeque<BlockId>,
     index: HashMap<u64, BlockId>,
+    /// Idle partial blocks by the key of the prefix they continue (0: none before them).
+    tails: HashMap<u64, BlockId>,
     /// The sliding-window layers and their window (`with_window`); none: every layer keeps
     /// every position.
     sliding: Vec<usize>,
@@ -146,6 +171,7 @@ impl KvPool {
             free: Vec::new(),
             idle: VecDeque::new(),
             index: HashMap::new(),
+            tails: HashMap::new(),
             sliding: Vec::new(),
             window: 0,
             spill: None,
@@ -276,15 +302,26 @@ impl KvPool {
         (self.held - self.idle_held + extra) as f64 / self.budget.max(1) as f64
     }
 
-    /// Takes the oldest idle block out of the index, storage given back, into the free list.
+    /// Takes the oldest idle block out of the index (or the tails), storage given back, into
+    /// the free list.
     fn reclaim_idle(&mut self) -> bool {
         let Some(id) = self.idle.pop_front() else { return false };
-        let key = self.blocks[id as usize].key.take().expect("idle blocks are indexed");
-        self.index.remove(&key);
+        self.unlist_idle(id);
         self.idle_held -= self.block_bytes(id);
         self.drop_storage(id);
         self.free.push(id);
         true
+    }
+
+    /// Takes idle block `id` out of the index or the tails, whichever lists it.
+    fn unlist_idle(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        if let Some(key) = b.key.take() {
+            self.index.remove(&key);
+        } else {
+            let (prefix, _) = b.tail.take().expect("idle blocks are indexed or tails");
+            self.tails.remove(&prefix);
+        }
     }
 
     fn drop_storage(&mut self, id: BlockId) {
@@ -336,6 +373,7 @@ impl KvPool {
                 refs: 0,
                 key: None,
                 tokens: [0; BLOCK_TOKENS],
+                tail: None,
                 mass: AtomicU64::new(0),
                 rows: AtomicU64::new(0),
             });
@@ -402,7 +440,30 @@ impl KvPool {
             self.release(id);
         }
         table.len = table.blocks.len() * BLOCK_TOKENS;
+        table.len += self.adopt_tail(table, tokens);
         table.len
+    }
+
+    /// Takes over the idle tail continuing `table`'s full blocks where its first positions
+    /// are the next of `tokens` (leaving the last token to compute); returns the positions
+    /// it brings.
+    fn adopt_tail(&mut self, table: &mut BlockTable, tokens: &[u32]) -> usize {
+        let prefix = table.keys.last().copied().unwrap_or(0);
+        let Some(&id) = self.tails.get(&prefix) else { return 0 };
+        let (_, len) = self.blocks[id as usize].tail.expect("listed tails are tails");
+        let Some(next) = tokens.get(table.len..tokens.len().saturating_sub(1)) else { return 0 };
+        let held = &self.blocks[id as usize].tokens[..len as usize];
+        let same = held.iter().zip(next).take_while(|(a, b)| a == b).count();
+        table.blocks.push(id);
+        if same == 0 || !self.window_whole(&table.blocks, table.len + same) {
+            table.blocks.pop();
+            return 0;
+        }
+        self.idle.retain(|&i| i != id);
+        self.idle_held -= self.block_bytes(id);
+        self.unlist_idle(id);
+        self.blocks[id as usize].refs = 1;
+        same
     }
 
     /// Whether `blocks` (a sequence's, in order) hold, in every sliding layer, what a query at
@@ -498,6 +559,36 @@ impl KvPool {
                 b.tokens.copy_from_slice(&tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
             }
         }
+    }
+
+    /// Gives back every block of `table` (whose tokens are `tokens[..table.len]`, its full
+    /// blocks published), its last block, when partial and held by it alone, kept as an idle
+    /// tail for a request that continues the same tokens (`attach_prefix`). A tail replaces
+    /// the one that continued the same prefix before.
+    pub fn free_table_keeping_tail(&mut self, table: &mut BlockTable, tokens: &[u32]) {
+        let (full, len) = (table.len / BLOCK_TOKENS, table.len % BLOCK_TOKENS);
+        let last = table.blocks.get(full).copied();
+        if let Some(id) = last.filter(|&id| {
+            len > 0 && table.keys.len() == full && table.blocks.len() == full + 1 && self.blocks[id as usize].refs == 1
+        }) {
+            let prefix = table.keys.last().copied().unwrap_or(0);
+            if let Some(old) = self.tails.get(&prefix).copied() {
+                self.idle.retain(|&i| i != old);
+                self.idle_held -= self.block_bytes(old);
+                self.unlist_idle(old);
+                self.drop_storage(old);
+                self.free.push(old);
+            }
+            table.blocks.pop();
+            let b = &mut self.blocks[id as usize];
+            b.refs = 0;
+            b.tokens[..len].copy_from_slice(&tokens[full * BLOCK_TOKENS..table.len]);
+            b.tail = Some((prefix, len as u8));
+            self.tails.insert(prefix, id);
+            self.idle.push_back(id);
+            self.idle_held += self.block_bytes(id);
+        }
+        self.free_table(table);
     }
 
     /// Gives back every block of `table`.
@@ -770,6 +861,27 @@ mod tests {
     }
 
     #[test]
+    fn one_sequence_runs_to_its_context_in_the_bytes_the_shape_says_it_needs() {
+        // Three of four layers slide over 40 positions: a sequence of 300 holds about 2 windows
+        // and a chunk there, not 300.
+        let shape = Shape { layers: 4, kv_heads: 1, head_dim: 4 };
+        let (ctx, window, chunk, prompt) = (300, 40, 32, 200);
+        let bytes = shape.context_bytes(ctx, 3, window, chunk);
+        let per_layer = shape.block_bytes() / 4;
+        assert_eq!(bytes, per_layer * (19 + 3 * 12));
+        assert_eq!(shape.context_bytes(ctx, 0, window, chunk), 19 * shape.block_bytes());
+        let mut p = KvPool::new(shape, 19).with_budget(bytes).with_window(vec![1, 2, 3], window);
+        let (mut t, mut next) = (BlockTable::default(), 0);
+        while t.len < ctx {
+            let step = if t.len < prompt { chunk.min(prompt - t.len) } else { 1 };
+            p.reserve(&mut t, step).unwrap_or_else(|e| panic!("at {}: {e}", t.len));
+            t.len += step;
+            next = p.drop_out_of_window(&t, prompt - window - BLOCK_TOKENS..prompt, next);
+        }
+        assert!(p.held_bytes() <= bytes);
+    }
+
+    #[test]
     fn an_evicted_layers_key_index_is_in_the_budget_until_its_copy_goes() {
         let mut p = pool(16).with_window(vec![1], 40);
         p.enable_spill().unwrap();
@@ -822,6 +934,71 @@ mod tests {
         p.free_table(&mut tb);
         p.free_table(&mut tc);
         assert_eq!(p.used(), 0);
+    }
+
+    #[test]
+    fn the_next_turn_takes_over_the_last_partial_block_up_to_the_first_token_that_differs() {
+        let mut p = pool(8);
+        // A turn of 40 positions ends: two full blocks and a tail of 8.
+        let turn: Vec<u32> = (0..40).collect();
+        let mut t = filled(&mut p, &turn);
+        p.write(&t, 0, 37, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
+        let tail = t.blocks[2];
+        p.free_table_keeping_tail(&mut t, &turn);
+        assert_eq!((p.used(), p.held_bytes()), (0, 3 * p.shape().block_bytes()), "kept, idle");
+        // The next turn continues the same 40 tokens: it starts at 40 in the same block, whose
+        // written positions are untouched.
+        let next: Vec<u32> = (0..40).chain([77, 78]).collect();
+        let mut n = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut n, &next), 40);
+        assert_eq!(n.blocks[2], tail);
+        let LayerBlock::F16 { k, .. } = p.layer(tail, 0) else { panic!("a tail is f16") };
+        assert_eq!(k[37 % BLOCK_TOKENS * 4].to_f32(), 1.0);
+        assert_eq!(p.used(), 3);
+        // Taken over, it is no one else's: a second request with the same tokens gets the full
+        // blocks only.
+        let mut again = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut again, &next), 32);
+        p.free_table(&mut again);
+        p.free_table(&mut n);
+        // A request that parts from the tail's tokens at position 35 reuses up to there; one
+        // that would reuse all of it still computes its last token.
+        let mut t = filled(&mut p, &turn);
+        p.free_table_keeping_tail(&mut t, &turn);
+        let parted: Vec<u32> = (0..35).chain([99, 98, 97]).collect();
+        let mut a = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut a, &parted), 35);
+        p.free_table_keeping_tail(&mut a, &parted[..35]);
+        let mut b = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut b, &turn[..35]), 34, "the last token must run");
+        p.free_table(&mut b);
+    }
+
+    #[test]
+    fn a_tail_replaces_the_one_before_it_and_gives_its_bytes_back_when_the_pool_needs_them() {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 4 };
+        let mut p = KvPool::new(shape, 8).with_budget(3 * shape.block_bytes());
+        let a: Vec<u32> = (0..20).collect();
+        let b: Vec<u32> = (0..16).chain([50, 51]).collect();
+        let mut ta = filled(&mut p, &a);
+        p.free_table_keeping_tail(&mut ta, &a);
+        let mut tb = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut tb, &b), 16, "the tail holds 16..20, b parts at 16");
+        p.reserve(&mut tb, 2).unwrap();
+        tb.len = b.len();
+        p.free_table_keeping_tail(&mut tb, &b);
+        // One tail per prefix: b's replaced a's, whose storage went back.
+        assert_eq!(p.held_bytes(), 2 * shape.block_bytes());
+        let mut c = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut c, &a), 16);
+        p.free_table(&mut c);
+        assert_eq!(p.attach_prefix(&mut c, &[&b[..], &[1]].concat()), 18);
+        p.free_table(&mut c);
+        // Idle tails are a cache: three fresh blocks take them back.
+        let mut full = filled(&mut p, &[3; 48]);
+        assert_eq!(p.used(), 3);
+        assert_eq!(p.held_bytes(), p.stored_bytes());
+        p.free_table(&mut full);
     }
 
     #[test]

@@ -238,14 +238,13 @@ impl NativeEngine {
     }
 
     /// The KV budget in bytes: `kv_budget_mib` from the model's load options or the engine's
-    /// params, else `blocks` f16 blocks. It must hold one full context in f16, so that one
-    /// sequence can always run.
-    fn kv_budget(&self, desc: &ModelDesc, shape: Shape, ctx: usize, blocks: usize) -> Result<usize, EngineError> {
+    /// params, else what `slots` sequences of `ctx` positions hold at most in f16
+    /// (`context_bytes`). It must hold one such sequence, so that one sequence can always run.
+    fn kv_budget(&self, desc: &ModelDesc, slots: usize, one_context: usize) -> Result<usize, EngineError> {
         let key = "kv_budget_mib";
         let Some(value) = self.setting(desc, key) else {
-            return Ok(blocks * shape.block_bytes());
+            return Ok(slots * one_context);
         };
-        let one_context = ctx.div_ceil(BLOCK_TOKENS) * shape.block_bytes();
         match value.as_f64() {
             Some(mib) if mib.is_finite() && mib * 1048576.0 >= one_context as f64 => Ok((mib * 1048576.0) as usize),
             _ => Err(EngineError::load_failed(format!(
@@ -346,12 +345,18 @@ impl Engine for NativeEngine {
         let slots = if self.config.slots > 0 { self.config.slots } else { DEFAULT_SLOTS };
         let threads = if self.config.threads > 0 { self.config.threads as usize } else { default_threads() };
         let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
+        // The model's load options override the engine's step settings for it.
+        let live =
+            self.step.lock().unwrap().with_keys_of(&desc.options).map_err(|e| EngineError::load_failed(e.message))?;
         // Every slot can hold a full context; blocks are allocated as they are first used. A
         // byte budget (`kv_budget_mib`) may be smaller: a KV policy then fits more in it.
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
-        let budget = self.kv_budget(&desc, shape, ctx_per_seq as usize, kv_blocks)?;
+        let sliding = self.window_layers(&desc, &config)?;
+        let one_context =
+            shape.context_bytes(ctx_per_seq as usize, sliding.len(), config.sliding_window, live.prefill_chunk);
+        let budget = self.kv_budget(&desc, slots as usize, one_context)?;
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
-        let mut pool = pool.with_budget(budget).with_window(self.window_layers(&desc, &config)?, config.sliding_window);
+        let mut pool = pool.with_budget(budget).with_window(sliding, config.sliding_window);
         self.enable_promotion(&desc, &mut pool)?;
         let calibration = self.calibration(&desc.model_dir, &pool);
         let mut policy = match desc.options.get("kv_policy") {
@@ -372,9 +377,6 @@ impl Engine for NativeEngine {
                 .map_err(|e| EngineError::new(ErrorCode::OomRam, format!("cannot start the thread pool: {e}")))?,
         );
         let stats = Arc::new(Stats::default());
-        // The model's load options override the engine's step settings for it.
-        let live =
-            self.step.lock().unwrap().with_keys_of(&desc.options).map_err(|e| EngineError::load_failed(e.message))?;
         let settings = StepSettings { slots: slots as usize, ctx_per_seq: ctx_per_seq as usize, live };
         let (st, logger, tk, vocab) = (stats.clone(), self.config.logger, tokenizer.clone(), config.vocab);
         let scheduler =

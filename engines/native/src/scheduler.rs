@@ -794,7 +794,7 @@ impl Scheduler {
         }
         let mut r = self.running.swap_remove(newest);
         self.pool.publish(&mut r.table, &r.tokens);
-        self.pool.free_table(&mut r.table);
+        self.pool.free_table_keeping_tail(&mut r.table, &r.tokens);
         self.ended_since_preempt = false;
         if r.reading() {
             r.tokens.clear();
@@ -840,7 +840,8 @@ impl Scheduler {
 
     fn finish(&mut self, i: usize, reason: FinishReason) {
         let mut r = self.running.swap_remove(i);
-        self.pool.free_table(&mut r.table);
+        // The next turn of a chat continues these tokens: their last, partial block waits for it.
+        self.pool.free_table_keeping_tail(&mut r.table, &r.tokens);
         self.ended_since_preempt = true;
         self.stats.running.store(self.running.len() as u64, Ordering::Relaxed);
         self.publish_kv_stats();

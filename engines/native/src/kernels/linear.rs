@@ -2,10 +2,11 @@
 //! memory-mapped), computed in f32.
 //!
 //! Work is split over output rows on the model's thread pool. Below [`GEMM_MIN_ROWS`] input rows
-//! (decode: one per sequence), a task takes a tile of four weight rows as stored, widened in
-//! registers, and runs it against three inputs at a time (then a pair or a single for the rest), prefetching the
-//! next tile: each weight is read from memory once per step and the reading overlaps the
-//! arithmetic. From there on (prefill chunks), a task widens a panel of rows to f32 once and runs
+//! (decode: one per sequence; a follow-up turn's few new tokens), a task takes a tile of four
+//! weight rows as stored, widened in registers, and runs it against three inputs at a time (then
+//! a pair or a single for the rest), prefetching the next tile: each weight is read from memory
+//! once per step and the reading overlaps the arithmetic. From there on (prefill chunks), a task
+//! widens a panel of rows to f32 once and runs
 //! a GEMM over it. Several projections of the same input (q/k/v, gate/up) run as one parallel
 //! call ([`forward_many`]): fewer thread wake-ups per layer.
 
@@ -21,10 +22,13 @@ use rayon::prelude::*;
 /// Weight rows a decode task computes together (the AVX2 kernels take four rows at a time).
 const TILE: usize = 4;
 /// From this many input rows on, a task widens a panel of `PANEL` weight rows to f32 and runs a
-/// GEMM over it; below, the dot-product kernels read the weights as stored. Measured on SmolLM2,
-/// 2 threads: decode of 8 and 16 sequences was 14-18% faster on the dot kernels than with the
-/// threshold at 8 (bench/RESULTS.md, "The native engine").
-const GEMM_MIN_ROWS: usize = 24;
+/// GEMM over it; below, the dot-product kernels read the weights as stored. Measured with 2
+/// threads on one layer's projections: decode of 8 and 16 sequences was 14-18% faster on the
+/// dot kernels than with the threshold at 8 (bench/RESULTS.md, "The native engine"), and from
+/// 24 to 48 rows (a follow-up turn's new tokens, a step with drafts) they took 0.55-0.75x the
+/// GEMM's time on SmolLM2 and Gemma 3 shapes, 0.9-1.0x at 64-96 ("The native engine's small
+/// prompts").
+const GEMM_MIN_ROWS: usize = 64;
 const PANEL: usize = 32;
 
 pub struct Linear {
@@ -352,10 +356,10 @@ mod tests {
         let l = bf16_linear(rows, cols, true);
         let mut w = vec![0f32; rows * cols];
         l.widen(0, rows, &mut w);
-        let x: Vec<f32> = (0..40 * cols).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
+        let x: Vec<f32> = (0..(GEMM_MIN_ROWS + 8) * cols).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
         let mut alone = Vec::new();
         l.forward(&x[..cols], 1, &mut alone);
-        for n in [1, 2, 3, 4, 5, 7, 8, 16, 17, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 40] {
+        for n in [1, 2, 3, 4, 5, 7, 8, 16, 17, 40, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, GEMM_MIN_ROWS + 5] {
             let mut y = Vec::new();
             l.forward(&x[..n * cols], n, &mut y);
             for t in 0..n {

@@ -76,7 +76,7 @@ fn long_inputs_run_in_chunks_and_a_generation_beside_them_is_undisturbed() {
     assert!(tokens > 60, "{tokens} tokens");
     e.set_config(Some("smollm2"), "prefill_chunk", &serde_json::json!(16)).unwrap();
     let (chunked, _) = embed(&e, "smollm2", &[&long], false);
-    // The chunks take other kernels (dot products below 24 rows, GEMM above): rounding only.
+    // The chunks take other kernels (dot products below 64 rows, GEMM above): rounding only.
     let scale = whole[0].iter().fold(0f32, |m, x| m.max(x.abs()));
     let d = max_diff(&whole[0], &chunked[0]) / scale;
     assert!(d < 1e-4, "chunks of 16 tokens move the vector by {d} of its largest element ({scale})");

@@ -121,6 +121,36 @@ fn a_shared_prefix_is_reused_and_gives_the_same_answer() {
     assert_eq!(text, fresh.0, "a reused prefix must not change the answer");
 }
 
+/// A chat's next turn sends the conversation with the answer in it: the answer's last, partial
+/// block is still there, so the turn starts where the answer ended (token for token, as
+/// llama-server's slots do), not at the last full block, and answers as a fresh engine does.
+#[test]
+fn the_next_turn_starts_where_the_answer_ended_not_at_its_last_full_block() {
+    let first = "<|im_start|>user\nName three rivers of Europe.<|im_end|>\n<|im_start|>assistant\n";
+    let e = smollm2(1);
+    let (mut ids, mut answer) = (Vec::new(), String::new());
+    let a = e
+        .infer(&greedy(400, first, 13), |t| {
+            ids.push(t.token_id);
+            answer.push_str(&t.text);
+            true
+        })
+        .unwrap();
+    let second =
+        format!("{first}{answer}<|im_end|>\n<|im_start|>user\nAnd two of Asia?<|im_end|>\n<|im_start|>assistant\n");
+    // What the cache holds: the prompt and every generated token but the last (never fed).
+    let prompt = e.tokenize("smollm2", first, true, true).unwrap();
+    assert_eq!((prompt.len(), ids.len()), (a.prompt_tokens as usize, 13));
+    let held: Vec<i32> = prompt.into_iter().chain(ids[..12].iter().copied()).collect();
+    let wanted = e.tokenize("smollm2", &second, true, true).unwrap();
+    let expected = held.iter().zip(&wanted).take_while(|(a, b)| a == b).count();
+    assert!(expected % 16 != 0 && expected > 16, "the test needs a partial block to reuse: {expected}");
+    let (text, _, b) = run(&e, &greedy(401, &second, 8));
+    assert_eq!(b.cached_tokens as usize, expected, "{b:?}");
+    let fresh = run(&smollm2(1), &greedy(402, &second, 8)).0;
+    assert_eq!(text, fresh, "a reused partial block must not change the answer");
+}
+
 #[test]
 fn stop_sequences_max_tokens_and_cancellation_end_a_generation() {
     let e = shared();
