@@ -23,7 +23,9 @@
 //!   every query still to come of the one sequence holding it starts past it
 //!   (`drop_out_of_window`): the cache holds each sequence's window in those layers, not every
 //!   position. Such a block stays in the index for its other layers, and a new request starts
-//!   on a prefix only where the window before its end is still whole in every layer.
+//!   on a prefix only where the window before its end is still whole in every layer. The
+//!   scheduler keeps the window before each of a prompt's last `PARTING_MARGIN` positions, so
+//!   that a request parting from it there still starts where it parts.
 
 pub use crate::kv_levels::{LayerBlock, Level};
 use crate::kv_recall::KeyIndex;
@@ -35,6 +37,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 16;
+
+/// How far before a prompt's end a later request may part from it and still start on its
+/// prefix in a sliding-window model (an edited last message, a regenerated answer, another
+/// question after the same long instructions): the sliding layers keep the window before each
+/// of the prompt's last this many positions (the scheduler's `keep`), which
+/// `Shape::context_bytes` counts. Further back, the window before the parting point is gone
+/// and the prompt is computed again.
+pub const PARTING_MARGIN: usize = 256;
 
 pub type BlockId = u32;
 
@@ -77,13 +87,13 @@ impl Shape {
 
     /// The most one sequence of `ctx` positions holds in f16: every position in the full
     /// layers; in the `sliding` ones, which give back blocks out of every window still to come
-    /// (`KvPool::drop_out_of_window`), its window, the window kept before its prompt's end, a
-    /// prompt chunk of `chunk` positions written before the step gives blocks back, and blocks
-    /// of rounding for each.
+    /// (`KvPool::drop_out_of_window`), its window, the windows kept before its prompt's last
+    /// `PARTING_MARGIN` positions, a prompt chunk of `chunk` positions written before the step
+    /// gives blocks back, and blocks of rounding for each.
     pub fn context_bytes(&self, ctx: usize, sliding: usize, window: usize, chunk: usize) -> usize {
         let blocks = ctx.div_ceil(BLOCK_TOKENS);
         let windowed = if sliding > 0 && window > 0 {
-            blocks.min((2 * window + chunk + BLOCK_TOKENS).div_ceil(BLOCK_TOKENS) + 4)
+            blocks.min((2 * window + PARTING_MARGIN + chunk).div_ceil(BLOCK_TOKENS) + 4)
         } else {
             blocks
         };
@@ -862,21 +872,21 @@ mod tests {
 
     #[test]
     fn one_sequence_runs_to_its_context_in_the_bytes_the_shape_says_it_needs() {
-        // Three of four layers slide over 40 positions: a sequence of 300 holds about 2 windows
-        // and a chunk there, not 300.
+        // Three of four layers slide over 40 positions: a sequence of 1,000 holds about two
+        // windows, the parting margin and a chunk there, not 1,000.
         let shape = Shape { layers: 4, kv_heads: 1, head_dim: 4 };
-        let (ctx, window, chunk, prompt) = (300, 40, 32, 200);
+        let (ctx, window, chunk, prompt) = (1000, 40, 32, 700);
         let bytes = shape.context_bytes(ctx, 3, window, chunk);
         let per_layer = shape.block_bytes() / 4;
-        assert_eq!(bytes, per_layer * (19 + 3 * 12));
-        assert_eq!(shape.context_bytes(ctx, 0, window, chunk), 19 * shape.block_bytes());
-        let mut p = KvPool::new(shape, 19).with_budget(bytes).with_window(vec![1, 2, 3], window);
+        assert_eq!(bytes, per_layer * (63 + 3 * 27));
+        assert_eq!(shape.context_bytes(ctx, 0, window, chunk), 63 * shape.block_bytes());
+        let mut p = KvPool::new(shape, 63).with_budget(bytes).with_window(vec![1, 2, 3], window);
         let (mut t, mut next) = (BlockTable::default(), 0);
         while t.len < ctx {
             let step = if t.len < prompt { chunk.min(prompt - t.len) } else { 1 };
             p.reserve(&mut t, step).unwrap_or_else(|e| panic!("at {}: {e}", t.len));
             t.len += step;
-            next = p.drop_out_of_window(&t, prompt - window - BLOCK_TOKENS..prompt, next);
+            next = p.drop_out_of_window(&t, prompt - window - PARTING_MARGIN..prompt, next);
         }
         assert!(p.held_bytes() <= bytes);
     }

@@ -29,7 +29,7 @@
 
 use crate::arch::{BatchToken, Model, Picked, Scratch};
 use crate::embed::{EmbedContext, EmbedJob, EmbedRun};
-use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS};
+use crate::kv_cache::{BlockTable, KvPool, BLOCK_TOKENS, PARTING_MARGIN};
 use crate::kv_control::{self, SeqView};
 use crate::settings::{LiveChange, LiveSettings};
 use crate::tokenizer::{Detokenizer, ModelTokenizer};
@@ -591,9 +591,10 @@ impl Scheduler {
         let window = self.pool.window();
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);
-            // Sliding layers hold each sequence's window, and the window before its prompt's end.
+            // Sliding layers hold each sequence's window, and the windows before its prompt's
+            // last positions, where a later request may part from it.
             let prompt = r.prompt_len;
-            let keep = prompt.saturating_sub(window + BLOCK_TOKENS)..prompt;
+            let keep = prompt.saturating_sub(window + PARTING_MARGIN)..prompt;
             r.window_next = self.pool.drop_out_of_window(&r.table, keep, r.window_next);
         }
         self.control(None);

@@ -25,9 +25,9 @@ const TILE: usize = 4;
 /// GEMM over it; below, the dot-product kernels read the weights as stored. Measured with 2
 /// threads on one layer's projections: decode of 8 and 16 sequences was 14-18% faster on the
 /// dot kernels than with the threshold at 8 (bench/RESULTS.md, "The native engine"), and from
-/// 24 to 48 rows (a follow-up turn's new tokens, a step with drafts) they took 0.55-0.75x the
-/// GEMM's time on SmolLM2 and Gemma 3 shapes, 0.9-1.0x at 64-96 ("The native engine's small
-/// prompts").
+/// 24 to 48 rows (a follow-up turn's new tokens, a step with drafts) they took 0.56-0.87x the
+/// GEMM's time on SmolLM2 and Gemma 3 shapes, 0.86 at 64, 0.96 at 96 and 1.10 at 128 (AMD EPYC;
+/// `tests::bench`, "Follow-up turns start where the answer ended").
 const GEMM_MIN_ROWS: usize = 64;
 const PANEL: usize = 32;
 
@@ -114,10 +114,15 @@ fn widen_bf16(src: &[u16], dst: &mut [f32]) {
 /// Runs several projections of the same input `x` (`n x cols`, equal `cols`) in one parallel
 /// call, each into its own output (`n x rows`).
 pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) {
+    forward_many_on(jobs, x, n, n >= GEMM_MIN_ROWS);
+}
+
+/// [`forward_many`] on the panel GEMM (`gemm`) or the dot kernels.
+fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, gemm: bool) {
     let cols = jobs[0].0.cols;
     debug_assert!(jobs.iter().all(|(l, _)| l.cols == cols) && x.len() == n * cols);
     // Every job's first tile, its weight and its output.
-    let tile_rows = if n >= GEMM_MIN_ROWS { PANEL } else { TILE };
+    let tile_rows = if gemm { PANEL } else { TILE };
     let (mut starts, mut linears, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     let mut tiles = 0;
     for (l, y) in jobs.iter_mut() {
@@ -137,7 +142,7 @@ pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) 
             let (l, out) = (linears[j], outs[j]);
             let r0 = (tile - starts[j]) * tile_rows;
             let r1 = (r0 + tile_rows).min(l.rows);
-            if n >= GEMM_MIN_ROWS {
+            if gemm {
                 l.widen(r0, r1, scratch);
                 panel_gemm(&scratch[..(r1 - r0) * cols], r1 - r0, cols, x, n, l.rows, r0, out);
             } else {
@@ -377,6 +382,43 @@ mod tests {
                     l.forward(&x[t * cols..(t + 1) * cols], 1, &mut one);
                     assert_eq!(y[t * rows..(t + 1) * rows], one[..], "n {n} t {t}: not the bits it gets alone");
                 }
+            }
+        }
+    }
+
+    /// `cargo test --release -p llmr-native-engine --lib kernels::linear::tests::bench --
+    /// --ignored --nocapture`: one layer's projections of SmolLM2 and Gemma 3 (bf16) on the
+    /// dot kernels and on the panel GEMM for growing input counts, the best of 20 rounds, to
+    /// place `GEMM_MIN_ROWS` on a CPU.
+    #[test]
+    #[ignore]
+    fn bench() {
+        let layers = [
+            ("SmolLM2", [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]),
+            ("Gemma 3", [(1024, 640), (256, 640), (256, 640), (640, 1024), (2048, 640), (2048, 640), (640, 2048)]),
+        ];
+        for (model, shapes) in layers {
+            let linears: Vec<Linear> = shapes.iter().map(|&(r, c)| bf16_linear(r, c, false)).collect();
+            for n in [8, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
+                let x: Vec<f32> = (0..n * 2048).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
+                let time = |gemm: bool| {
+                    let mut y = Vec::new();
+                    let mut round = || {
+                        let start = std::time::Instant::now();
+                        for l in &linears {
+                            forward_many_on(&mut [(l, &mut y)], &x[..n * l.cols], n, gemm);
+                        }
+                        start.elapsed().as_secs_f64()
+                    };
+                    (0..20).map(|_| round()).fold(f64::INFINITY, f64::min)
+                };
+                let (dot, gemm) = (time(false), time(true));
+                println!(
+                    "{model} n {n:3}: dot {:7.3} ms, GEMM {:7.3} ms a layer; dot / GEMM {:.2}",
+                    dot * 1e3,
+                    gemm * 1e3,
+                    dot / gemm
+                );
             }
         }
     }
