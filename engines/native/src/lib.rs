@@ -352,8 +352,10 @@ impl Engine for NativeEngine {
         // byte budget (`kv_budget_mib`) may be smaller: a KV policy then fits more in it.
         let kv_blocks = slots as usize * (ctx_per_seq as usize).div_ceil(BLOCK_TOKENS);
         let sliding = self.window_layers(&desc, &config)?;
+        // A GPU's buffer keeps every position of every layer (its pool has no storage to drop).
+        let dropping = if self.on_gpu() { 0 } else { sliding.len() };
         let one_context =
-            shape.context_bytes(ctx_per_seq as usize, sliding.len(), config.sliding_window, live.prefill_chunk);
+            shape.context_bytes(ctx_per_seq as usize, dropping, config.sliding_window, live.prefill_chunk);
         let budget = self.kv_budget(&desc, slots as usize, one_context)?;
         let (model, pool) = self.place(&config, &checkpoint, shape, kv_blocks)?;
         let mut pool = pool.with_budget(budget).with_window(sliding, config.sliding_window);
