@@ -345,7 +345,7 @@ fn gemma3_sliding_layers_hold_the_window_and_prefixes_stay_usable() {
     let second = format!("{first}{answer}<end_of_turn>\n{}", turn("And who speaks last?"));
     let (_, _, res3) = greedy("windowed", 4, &second);
     assert!(res3.cached_tokens > res.prompt_tokens, "turn 2 reused {} of {}", res3.cached_tokens, res.prompt_tokens);
-    // A prompt parting from the first about 90 tokens before its end (the passage's last lines
+    // A prompt parting from the first about 80 tokens before its end (the passage's last lines
     // changed) starts where it parts: the windows before the first prompt's last 256 positions
     // are still held. It starts on whole blocks, the last one before the parting point.
     let parted = turn(&format!("{} Exeunt all but one.\n\nWho speaks first?", words[3000..3840].join(" ")));
