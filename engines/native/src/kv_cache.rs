@@ -316,11 +316,22 @@ impl KvPool {
     /// the free list.
     fn reclaim_idle(&mut self) -> bool {
         let Some(id) = self.idle.pop_front() else { return false };
-        self.unlist_idle(id);
         self.idle_held -= self.block_bytes(id);
+        self.discard_idle(id);
+        true
+    }
+
+    /// Takes idle block `id` out of the idle queue (it stays listed).
+    fn leave_idle(&mut self, id: BlockId) {
+        self.idle.retain(|&i| i != id);
+        self.idle_held -= self.block_bytes(id);
+    }
+
+    /// Unlists a block out of the idle queue and frees it, storage given back.
+    fn discard_idle(&mut self, id: BlockId) {
+        self.unlist_idle(id);
         self.drop_storage(id);
         self.free.push(id);
-        true
     }
 
     /// Takes idle block `id` out of the index or the tails, whichever lists it.
@@ -435,8 +446,7 @@ impl KvPool {
             }
             b.refs += 1;
             if b.refs == 1 {
-                self.idle.retain(|&i| i != id);
-                self.idle_held -= self.block_bytes(id);
+                self.leave_idle(id);
             }
             table.blocks.push(id);
             table.keys.push(key);
@@ -469,8 +479,7 @@ impl KvPool {
             table.blocks.pop();
             return 0;
         }
-        self.idle.retain(|&i| i != id);
-        self.idle_held -= self.block_bytes(id);
+        self.leave_idle(id);
         self.unlist_idle(id);
         self.blocks[id as usize].refs = 1;
         same
@@ -583,11 +592,8 @@ impl KvPool {
         }) {
             let prefix = table.keys.last().copied().unwrap_or(0);
             if let Some(old) = self.tails.get(&prefix).copied() {
-                self.idle.retain(|&i| i != old);
-                self.idle_held -= self.block_bytes(old);
-                self.unlist_idle(old);
-                self.drop_storage(old);
-                self.free.push(old);
+                self.leave_idle(old);
+                self.discard_idle(old);
             }
             table.blocks.pop();
             let b = &mut self.blocks[id as usize];
