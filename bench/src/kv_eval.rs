@@ -153,6 +153,7 @@ fn main() -> Result<()> {
             "seconds_f16": r.seconds_f16, "seconds": r.seconds,
             "policy_seconds": r.policy_seconds, "passes": r.passes,
             "copies": a.copies || a.recall.is_some(), "recall": a.recall, "recalls": r.recalls,
+            "promoted": r.promoted,
         })
     };
     let patch = match &a.profile {
@@ -163,7 +164,7 @@ fn main() -> Result<()> {
         let options = options_for(&patch, a.budget_share, a.evict)?;
         let mut trials = Vec::new();
         let (mut right_f16, mut right, mut same) = (0, 0, 0);
-        let (mut kv_bytes, mut kv_bytes_f16, mut levels, mut recalls) = (0, 0, [0usize; 4], 0);
+        let (mut kv_bytes, mut kv_bytes_f16, mut levels, mut recalls, mut promoted) = (0, 0, [0usize; 4], 0, 0);
         for p in passkey_prompts(&tokenizer, &text_tokens, a.ctx, n).map_err(anyhow::Error::msg)? {
             let r = answer(&model, shape, config.vocab, &p.tokens, ANSWER_TOKENS, &options)?;
             let text = |ids: &[u32]| ids.iter().map(|&id| tokenizer.piece(id)).collect::<String>();
@@ -174,6 +175,7 @@ fn main() -> Result<()> {
             (kv_bytes, kv_bytes_f16) = (kv_bytes + r.kv_bytes, kv_bytes_f16 + r.kv_bytes_f16);
             levels = [0, 1, 2, 3].map(|l| levels[l] + r.levels[l]);
             recalls += r.recalls;
+            promoted += r.promoted;
             eprintln!("depth {:.2}: key {} f16 {got_f16:?} policy {got:?}", p.depth, p.key);
             trials.push(serde_json::json!({"depth": p.depth, "f16": ok_f16, "policy": ok}));
         }
@@ -187,7 +189,7 @@ fn main() -> Result<()> {
                 "kv_saving": 1.0 - kv_bytes as f64 / kv_bytes_f16.max(1) as f64,
                 "levels": levels.map(|l| l / n.max(1)),
                 "copies": a.copies || a.recall.is_some(), "recall": a.recall, "recalls": recalls,
-                "trials": trials,
+                "promoted": promoted, "trials": trials,
             })
         );
         return Ok(());

@@ -60,7 +60,8 @@ struct Block {
     /// As an idle tail: the key of the prefix it continues and how many positions it holds.
     tail: Option<(u64, u8)>,
     /// Attention it received (when the pool tracks it): the sum of softmax weights over its
-    /// positions, and how many (query, head, layer) rows that saw it, since it was allocated.
+    /// positions, and how many (query, head, layer) rows that saw it, since it was allocated
+    /// (shrunk, mean kept, when it is evicted: `shrink_attention_history`).
     mass: AtomicU64,
     rows: AtomicU64,
 }
@@ -701,7 +702,8 @@ impl KvPool {
     }
 
     /// The mean attention weight a row that saw block `id` gave its positions, since the block
-    /// was allocated (`None` before any row).
+    /// was allocated, the rows before an eviction weighing as one per (layer, KV head) (`None`
+    /// before any row).
     pub fn attention_received(&self, id: BlockId) -> Option<f64> {
         let b = &self.blocks[id as usize];
         let rows = b.rows.load(Ordering::Relaxed);
@@ -730,7 +732,25 @@ impl KvPool {
             *l = LayerBlock::Evicted(index);
             self.held += l.bytes();
         }
+        self.shrink_attention_history(id);
         true
+    }
+
+    /// Shrinks block `id`'s attention history to one row per (layer, KV head), keeping its
+    /// mean. Evicted, the block receives rows only where recall reads it back for a query that
+    /// gives it a share of its attention; those rows must be able to outweigh a long history of
+    /// rows that gave it little, or a block a later question needs stays below blocks nobody
+    /// asked for when the budget has room to promote again, and each step that needs it reads
+    /// it again. A block never read back keeps its mean, and so its importance.
+    fn shrink_attention_history(&mut self, id: usize) {
+        let cap = (self.shape.layers * self.shape.kv_heads) as u64;
+        let b = &mut self.blocks[id];
+        let rows = *b.rows.get_mut();
+        if rows > cap {
+            let mass = b.mass.get_mut();
+            *mass = (*mass as f64 * cap as f64 / rows as f64) as u64;
+            *b.rows.get_mut() = cap;
+        }
     }
 
     /// With recall on, the int4 key index of layer `layer` of block `id`, about to be evicted:

@@ -241,6 +241,49 @@ mod tests {
     }
 
     #[test]
+    fn an_evicted_block_read_back_for_a_later_question_is_promoted_first_and_one_never_read_back_stays_out() {
+        let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
+        let mut pool = KvPool::new(shape, 64).with_budget(12 * shape.block_bytes());
+        pool.enable_spill().unwrap();
+        pool.track_attention(true);
+        let t = table(&mut pool, 12 * BLOCK_TOKENS);
+        let tokens = vec![1u32; t.len];
+        let seqs = [SeqView { table: &t, tokens: &tokens }];
+        let policy = KvPolicy::baseline().patched_json(&json!({"mode": "dynamic", "profile": "balanced"})).unwrap();
+        let pass = |pool: &mut KvPool| apply(&policy, pool, &seqs, 192, &|_| false, 0);
+        // A block's 16 of 192 positions: a uniform row gives them 1/12 of its weight. Blocks 1
+        // and 3..8 got 0.9 of every row's weight (they stay f16); block 2 a tenth of uniform
+        // over a long history.
+        let uniform = 1.0f64 / 12.0;
+        for i in (1..8).filter(|&i| i != 2) {
+            pool.note_attention(t.blocks[i], 900.0, 1000);
+        }
+        pool.note_attention(t.blocks[2], (1000.0 * 0.1 * uniform) as f32, 1000);
+        assert!(pool.evict(&t, 2));
+        let mean = pool.attention_received(t.blocks[2]).unwrap();
+        assert!((mean - 0.1 * uniform).abs() < 1e-6, "eviction keeps the mean: {mean}");
+        // Nothing read it back: it stays out, pass after pass, though the budget has room for
+        // it at int8 (the pressure would be 1).
+        for _ in 0..2 {
+            let r = pass(&mut pool);
+            assert_eq!((r.promoted, r.changed), (0, 0));
+            assert_eq!(pool.level(&t, 2), Level::Evicted);
+        }
+        // A later question reads it back (recall, `attention.rs`): twenty rows giving it half
+        // their weight. Over the whole history they would raise its mean to about a quarter
+        // of uniform, still the least important; the history shrank to one row per (layer, KV
+        // head) at eviction, so they lift it to 5.5x uniform and the pass brings it back.
+        pool.note_attention(t.blocks[2], 10.0, 20);
+        let lifetime = (1000.0 * 0.1 * uniform + 10.0) / 1020.0;
+        assert!(lifetime < 0.25 * uniform);
+        assert!(pool.attention_received(t.blocks[2]).unwrap() > 5.0 * uniform);
+        let r = pass(&mut pool);
+        assert_eq!(r.promoted, 1);
+        assert_eq!(pool.level(&t, 2), Level::Int8, "importance 0.6 at pressure 1: int8");
+        assert!(pool.held_bytes() <= pool.budget());
+    }
+
+    #[test]
     fn with_no_room_for_the_next_step_the_pass_goes_down_to_the_floor_least_important_first() {
         let run = |profile: &str| {
             let mut pool = pool_with(12, 64);

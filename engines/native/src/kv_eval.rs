@@ -51,6 +51,8 @@ pub struct EvalReport {
     pub passes: usize,
     /// (block, layer, KV head) reads of evicted blocks recall made.
     pub recalls: u64,
+    /// Blocks the policy's passes stored higher again from their f16 copies.
+    pub promoted: usize,
 }
 
 impl EvalReport {
@@ -65,13 +67,15 @@ pub(crate) struct Run {
     pub table: BlockTable,
     scratch: Scratch,
     pub seconds: f64,
+    /// Blocks the policy's passes stored higher again from their f16 copies.
+    pub promoted: usize,
 }
 
 impl Run {
     /// An empty sequence over a pool of `blocks` blocks, an f16 one.
     pub fn new(shape: Shape, blocks: usize) -> Run {
         let pool = KvPool::new(shape, blocks);
-        Run { pool, table: BlockTable::default(), scratch: Scratch::default(), seconds: 0.0 }
+        Run { pool, table: BlockTable::default(), scratch: Scratch::default(), seconds: 0.0, promoted: 0 }
     }
 
     /// An empty sequence over a pool of `blocks` blocks run by `o`'s policy: within its
@@ -120,7 +124,8 @@ impl Run {
         let missing = (self.table.len + n).div_ceil(BLOCK_TOKENS) - self.table.blocks.len();
         let need = missing * self.pool.shape().block_bytes();
         let seq = SeqView { table: &self.table, tokens: seen };
-        kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), need);
+        self.promoted +=
+            kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), need).promoted;
         self.pool.reserve(&mut self.table, n).map_err(|_| {
             ForwardError(format!(
                 "at position {} the policy keeps {} bytes of a {}-byte budget: no room for the next step",
@@ -136,7 +141,8 @@ impl Run {
     pub fn policy_pass(&mut self, o: &EvalOptions, seen: &[u32], ctx: usize) -> f64 {
         let t = std::time::Instant::now();
         let seq = SeqView { table: &self.table, tokens: seen };
-        kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), 0);
+        self.promoted +=
+            kv_control::apply(&o.policy, &mut self.pool, &[seq], ctx, &|t| o.control_ids.contains(&t), 0).promoted;
         let seconds = t.elapsed().as_secs_f64();
         let changeable = o.policy.changeable(self.table.len, BLOCK_TOKENS);
         evict_least_attended(self, changeable, o.evict);
@@ -220,5 +226,6 @@ pub fn evaluate(
         policy_seconds,
         passes,
         recalls: test.pool.recalls(),
+        promoted: test.promoted,
     })
 }

@@ -11,8 +11,10 @@
 //! over every position it sees, evicted ones by their index, that head's f16 keys and values
 //! are read back from the copy for this step and attended exactly; otherwise the block weighs
 //! nothing, as evicted. The attention a recalled block receives is recorded like any block's,
-//! so the policy's next pass can promote it (`kv_control.rs`); until then, each step that
-//! needs it reads it again (from the page cache, as a rule).
+//! over a history that eviction shrank to one row per (layer, KV head) (its mean kept), so a
+//! few queries that want the block lift its importance and it is among the first the policy
+//! promotes once the budget has room (`kv_control.rs`); until then, each step that needs it
+//! reads it again (from the page cache, as a rule).
 //!
 //! Why keys and not a bound: Quest's per-channel minimum and maximum of a block's keys
 //! (1/16 of the f16 bytes) bounds every score from above, but on SmolLM2 the bound stood a

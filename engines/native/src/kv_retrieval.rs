@@ -63,6 +63,8 @@ pub struct Answers {
     pub levels: [usize; 4],
     /// (block, layer, KV head) reads of evicted blocks recall made.
     pub recalls: u64,
+    /// Blocks the policy's passes stored higher again from their f16 copies.
+    pub promoted: usize,
 }
 
 /// Reads `prompt` both ways and answers `answer_tokens` tokens greedily. `o.budget` is the
@@ -115,5 +117,6 @@ pub fn answer(
         kv_bytes_f16: base.pool.stored_bytes(),
         levels: test.pool.level_counts(),
         recalls: test.pool.recalls(),
+        promoted: test.promoted,
     })
 }
