@@ -135,6 +135,10 @@ pub struct KvPool {
     index: HashMap<u64, BlockId>,
     /// Idle partial blocks by the key of the prefix they continue (0: none before them).
     tails: HashMap<u64, BlockId>,
+    /// The full block registered last after each prefix key, for requests that part from it
+    /// inside the block (`copy_partial`); checked against the index when read, since nothing
+    /// unlists it.
+    continuations: HashMap<u64, BlockId>,
     /// The sliding-window layers and their window (`with_window`); none: every layer keeps
     /// every position.
     sliding: Vec<usize>,
@@ -183,6 +187,7 @@ impl KvPool {
             idle: VecDeque::new(),
             index: HashMap::new(),
             tails: HashMap::new(),
+            continuations: HashMap::new(),
             sliding: Vec::new(),
             window: 0,
             spill: None,
@@ -441,14 +446,10 @@ impl KvPool {
         for chunk in tokens.chunks_exact(BLOCK_TOKENS).take(usable) {
             let key = chain(prev, chunk);
             let Some(&id) = self.index.get(&key) else { break };
-            let b = &mut self.blocks[id as usize];
-            if b.tokens[..] != *chunk {
+            if self.blocks[id as usize].tokens[..] != *chunk {
                 break;
             }
-            b.refs += 1;
-            if b.refs == 1 {
-                self.leave_idle(id);
-            }
+            self.hold(id);
             table.blocks.push(id);
             table.keys.push(key);
             prev = key;
@@ -461,8 +462,76 @@ impl KvPool {
             self.release(id);
         }
         table.len = table.blocks.len() * BLOCK_TOKENS;
-        table.len += self.adopt_tail(table, tokens);
+        table.len += match self.adopt_tail(table, tokens) {
+            0 => self.copy_partial(table, tokens),
+            adopted => adopted,
+        };
         table.len
+    }
+
+    /// One more sequence holds block `id` (out of the idle queue if it was there).
+    fn hold(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.refs += 1;
+        if b.refs == 1 {
+            self.leave_idle(id);
+        }
+    }
+
+    /// The full block registered last after the prefix `key`, if it is still registered.
+    fn continuation(&self, key: u64) -> Option<BlockId> {
+        let &id = self.continuations.get(&key)?;
+        let b = &self.blocks[id as usize];
+        let own = b.key?;
+        (own == chain(key, &b.tokens) && self.index.get(&own) == Some(&id)).then_some(id)
+    }
+
+    /// Copies into a new block the first positions of the full block registered last after
+    /// `table`'s full blocks, where they are the next of `tokens` (leaving the last token to
+    /// compute); returns the positions it brings. A regenerated answer, or an edited last
+    /// message, parts from a cached prompt inside the block that held the prompt's end and the
+    /// answer after it: its first positions are what the request needs, the rest are not, and
+    /// the block itself stays as it is for those who share it. f16 blocks on the CPU only (the
+    /// GPU's device buffer holds the values there, and a lowered block is no exact source).
+    fn copy_partial(&mut self, table: &mut BlockTable, tokens: &[u32]) -> usize {
+        let Some(src) = self.continuation(table.keys.last().copied().unwrap_or(0)) else { return 0 };
+        let Some(next) = tokens.get(table.len..tokens.len().saturating_sub(1)) else { return 0 };
+        let b = &self.blocks[src as usize];
+        let same = b.tokens.iter().zip(next).take_while(|(a, b)| a == b).count();
+        if same == 0 || !self.stored || !b.layers.iter().all(|l| matches!(l, LayerBlock::F16 { .. })) {
+            return 0;
+        }
+        table.blocks.push(src);
+        let whole = self.window_whole(&table.blocks, table.len + same);
+        table.blocks.pop();
+        if !whole {
+            return 0;
+        }
+        // Held while the new block is allocated: the pool may reclaim idle blocks for it.
+        self.hold(src);
+        let copied = self.reserve(table, same).is_ok();
+        if copied {
+            let dst = *table.blocks.last().expect("reserved") as usize;
+            let hd = self.shape.head_dim;
+            for li in 0..self.shape.layers {
+                for h in 0..self.shape.kv_heads {
+                    let at = h * BLOCK_TOKENS * hd..(h * BLOCK_TOKENS + same) * hd;
+                    let LayerBlock::F16 { k, v } = &self.blocks[src as usize].layers[li] else { unreachable!() };
+                    let (k, v) = (k[at.clone()].to_vec(), v[at.clone()].to_vec());
+                    let LayerBlock::F16 { k: dk, v: dv } = &mut self.blocks[dst].layers[li] else {
+                        unreachable!("a new block is f16")
+                    };
+                    dk[at.clone()].copy_from_slice(&k);
+                    dv[at].copy_from_slice(&v);
+                }
+            }
+        }
+        self.release(src);
+        if copied {
+            same
+        } else {
+            0
+        }
     }
 
     /// Takes over the idle tail continuing `table`'s full blocks where its first positions
@@ -577,6 +646,22 @@ impl KvPool {
                 let b = &mut self.blocks[id as usize];
                 b.key = Some(key);
                 b.tokens.copy_from_slice(&tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+                self.continue_prefix(prev, id);
+            }
+        }
+    }
+
+    /// Lists `id`, just registered, as the block continuing the prefix `key`. Entries are
+    /// never unlisted (`continuation` checks them), so past a bound the stale ones go.
+    fn continue_prefix(&mut self, key: u64, id: BlockId) {
+        self.continuations.insert(key, id);
+        if self.continuations.len() > 2 * self.capacity.max(64) {
+            // At most `capacity` stay (one per registered block): the next sweep is as many
+            // registrations away.
+            let stale: Vec<u64> =
+                self.continuations.keys().filter(|&&k| self.continuation(k).is_none()).copied().collect();
+            for k in stale {
+                self.continuations.remove(&k);
             }
         }
     }
@@ -949,7 +1034,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_prefix_reuses_full_blocks_only_and_leaves_the_last_token() {
+    fn a_shared_prefix_reuses_full_blocks_copies_from_a_partly_shared_one_and_leaves_the_last_token() {
         let mut p = pool(8);
         let a: Vec<u32> = (0..40).collect();
         let mut ta = filled(&mut p, &a);
@@ -960,9 +1045,12 @@ mod tests {
         let mut tb = BlockTable::default();
         assert_eq!(p.attach_prefix(&mut tb, &b), 32);
         assert_eq!(tb.blocks, ta.blocks[..2]);
-        // A prompt of exactly 32 shared tokens reuses one block: its last token must run.
+        // A prompt of exactly 32 shared tokens reuses one block and a copy of the next one's
+        // first 15 positions: its last token must run.
         let mut tc = BlockTable::default();
-        assert_eq!(p.attach_prefix(&mut tc, &a[..32]), 16);
+        assert_eq!(p.attach_prefix(&mut tc, &a[..32]), 31);
+        assert_eq!(tc.blocks[0], ta.blocks[0]);
+        assert!(!ta.blocks.contains(&tc.blocks[1]));
         // A different first token shares nothing.
         let mut td = BlockTable::default();
         assert_eq!(p.attach_prefix(&mut td, &[7; 40]), 0);
@@ -1008,6 +1096,55 @@ mod tests {
         let mut b = BlockTable::default();
         assert_eq!(p.attach_prefix(&mut b, &turn[..35]), 34, "the last token must run");
         p.free_table(&mut b);
+    }
+
+    #[test]
+    fn a_regenerated_answer_starts_on_a_copy_of_the_blocks_first_positions_that_it_shares() {
+        let mut p = pool(8);
+        // A prompt of 37 tokens and an answer of 13: full blocks 0-2 (block 2: prompt 32..37,
+        // answer 37..48) and a tail.
+        let turn: Vec<u32> = (0..50).collect();
+        let mut t = filled(&mut p, &turn);
+        p.write(&t, 1, 35, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
+        p.write(&t, 1, 36, &[9.0; 4], &[9.0; 4]);
+        let shared = t.blocks[2];
+        p.free_table_keeping_tail(&mut t, &turn);
+        // The same prompt again: two full blocks, then positions 32..36 copied into a new block
+        // (36, the prompt's last, runs).
+        let mut r = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut r, &turn[..37]), 36);
+        assert_eq!(r.blocks.len(), 3);
+        assert_ne!(r.blocks[2], shared);
+        let k_at = |p: &KvPool, id: BlockId, slot: usize| {
+            let LayerBlock::F16 { k, .. } = p.layer(id, 1) else { panic!("f16") };
+            k[slot * 4].to_f32()
+        };
+        assert_eq!(k_at(&p, r.blocks[2], 35 % BLOCK_TOKENS), 1.0, "copied");
+        // The request writes its own position 36; the shared block keeps the answer's.
+        p.write(&r, 1, 36, &[-1.0; 4], &[-1.0; 4]);
+        assert_eq!(k_at(&p, shared, 36 % BLOCK_TOKENS), 9.0);
+        assert_eq!(p.used(), 3, "blocks 0, 1 and the copy; the shared block is idle");
+        // The shared block still starts a request on the whole turn.
+        let mut whole = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut whole, &[&turn[..], &[1]].concat()), 50);
+        p.free_table(&mut whole);
+        p.free_table(&mut r);
+        // A block stored lower is no exact source: no copy, the full blocks only.
+        let mut t = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut t, &[&turn[..], &[1]].concat()), 48, "the tail went with `whole`");
+        assert!(p.set_level(&t, 2, None, Level::Int8));
+        let mut r = BlockTable::default();
+        assert_eq!(p.attach_prefix(&mut r, &turn[..37]), 32);
+        p.free_table(&mut r);
+        p.free_table(&mut t);
+        assert_eq!(p.held_bytes(), p.stored_bytes());
+        // Nothing unlists a continuation; past a bound the stale ones go, so many unrelated
+        // prompts leave a bounded list.
+        for i in 0..300 {
+            let mut t = filled(&mut p, &[[1000 + i; 16], [1; 16]].concat());
+            p.free_table(&mut t);
+        }
+        assert!(p.continuations.len() <= 2 * 64 + 1, "{}", p.continuations.len());
     }
 
     #[test]

@@ -152,6 +152,19 @@ fn the_next_turn_starts_where_the_answer_ended_not_at_its_last_full_block() {
 }
 
 #[test]
+fn a_regenerated_answer_computes_only_the_prompts_last_token() {
+    let e = smollm2(1);
+    let (first, _, a) = run(&e, &greedy(410, CHAT, 24));
+    let n = a.prompt_tokens as usize;
+    assert!(n > 16 && n % 16 > 1, "the test needs the prompt to end inside a block after a full one: {n}");
+    // The answer filled the block the prompt ended in; the same prompt again starts on a copy
+    // of that block's prompt positions, not on the full blocks before it.
+    let (again, _, b) = run(&e, &greedy(411, CHAT, 24));
+    assert_eq!(b.cached_tokens as usize, n - 1, "{b:?}");
+    assert_eq!(again, first, "the copied positions must not change the answer");
+}
+
+#[test]
 fn stop_sequences_max_tokens_and_cancellation_end_a_generation() {
     let e = shared();
     let prompt = "Once upon a time, in a small village,";
