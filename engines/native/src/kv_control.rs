@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn an_evicted_block_read_back_for_a_later_question_is_promoted_first_and_one_never_read_back_stays_out() {
+    fn an_evicted_block_read_back_for_a_later_question_is_promoted_and_one_never_read_back_stays_out() {
         let shape = Shape { layers: 2, kv_heads: 1, head_dim: 64 };
         let mut pool = KvPool::new(shape, 64).with_budget(12 * shape.block_bytes());
         pool.enable_spill().unwrap();
