@@ -939,6 +939,12 @@ mod tests {
         KvPool::new(Shape { layers: 2, kv_heads: 1, head_dim: 4 }, capacity)
     }
 
+    /// The first channel of the key at `slot` of `layer` of block `id` (f16; head_dim 4).
+    fn key_at(pool: &KvPool, id: BlockId, layer: usize, slot: usize) -> f32 {
+        let LayerBlock::F16 { k, .. } = pool.layer(id, layer) else { panic!("an f16 block") };
+        k[slot * 4].to_f32()
+    }
+
     fn filled(pool: &mut KvPool, tokens: &[u32]) -> BlockTable {
         let mut t = BlockTable::default();
         pool.reserve(&mut t, tokens.len()).unwrap();
@@ -1076,8 +1082,7 @@ mod tests {
         let mut n = BlockTable::default();
         assert_eq!(p.attach_prefix(&mut n, &next), 40);
         assert_eq!(n.blocks[2], tail);
-        let LayerBlock::F16 { k, .. } = p.layer(tail, 0) else { panic!("a tail is f16") };
-        assert_eq!(k[37 % BLOCK_TOKENS * 4].to_f32(), 1.0);
+        assert_eq!(key_at(&p, tail, 0, 37 % BLOCK_TOKENS), 1.0);
         assert_eq!(p.used(), 3);
         // Taken over, it is no one else's: a second request with the same tokens gets the full
         // blocks only.
@@ -1115,14 +1120,10 @@ mod tests {
         assert_eq!(p.attach_prefix(&mut r, &turn[..37]), 36);
         assert_eq!(r.blocks.len(), 3);
         assert_ne!(r.blocks[2], shared);
-        let k_at = |p: &KvPool, id: BlockId, slot: usize| {
-            let LayerBlock::F16 { k, .. } = p.layer(id, 1) else { panic!("f16") };
-            k[slot * 4].to_f32()
-        };
-        assert_eq!(k_at(&p, r.blocks[2], 35 % BLOCK_TOKENS), 1.0, "copied");
+        assert_eq!(key_at(&p, r.blocks[2], 1, 35 % BLOCK_TOKENS), 1.0, "copied");
         // The request writes its own position 36; the shared block keeps the answer's.
         p.write(&r, 1, 36, &[-1.0; 4], &[-1.0; 4]);
-        assert_eq!(k_at(&p, shared, 36 % BLOCK_TOKENS), 9.0);
+        assert_eq!(key_at(&p, shared, 1, 36 % BLOCK_TOKENS), 9.0);
         assert_eq!(p.used(), 3, "blocks 0, 1 and the copy; the shared block is idle");
         // The shared block still starts a request on the whole turn.
         let mut whole = BlockTable::default();

@@ -27,7 +27,8 @@ const TILE: usize = 4;
 /// dot kernels than with the threshold at 8 (bench/RESULTS.md, "The native engine"), and from
 /// 24 to 48 rows (a follow-up turn's new tokens, a step with drafts) they took 0.56-0.87x the
 /// GEMM's time on SmolLM2 and Gemma 3 shapes, 0.86 at 64, 0.96 at 96 and 1.10 at 128 (AMD EPYC;
-/// `tests::bench`, "Follow-up turns start where the answer ended").
+/// `tests::bench`, "Follow-up turns start where the answer ended"; the GEMM on AVX2 then, before
+/// `gemm`'s AVX-512 kernels were on, which may move the crossover down on CPUs that have them).
 const GEMM_MIN_ROWS: usize = 64;
 const PANEL: usize = 32;
 
