@@ -149,6 +149,10 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// The mixture of experts of a gpt-oss model (`None` for dense MLPs).
     pub experts: Option<Experts>,
+    /// Whether bf16 projections multiply their inputs rounded to bf16 where the CPU has
+    /// AVX-512 BF16 (`kernels::linear`). Not from config.json: `read` turns it on, and the
+    /// engine's `bf16_products` setting may turn it off.
+    pub bf16_products: bool,
 }
 
 /// A mixture-of-experts MLP: each token runs `top_k` of `count` experts.
@@ -353,6 +357,7 @@ impl ModelConfig {
             rope_local_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
             final_logit_softcap,
             experts,
+            bf16_products: true,
         })
     }
 }

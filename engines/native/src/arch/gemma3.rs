@@ -85,9 +85,9 @@ impl Gemma3 {
                     post_attn_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
                     pre_ff_norm: vector(ck, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
                     post_ff_norm: vector(ck, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
-                    gate: linear(ck, &format!("{p}.mlp.gate_proj"), c.intermediate, d, false)?,
-                    up: linear(ck, &format!("{p}.mlp.up_proj"), c.intermediate, d, false)?,
-                    down: linear(ck, &format!("{p}.mlp.down_proj"), d, c.intermediate, false)?,
+                    gate: linear(ck, c, &format!("{p}.mlp.gate_proj"), c.intermediate, d, false)?,
+                    up: linear(ck, c, &format!("{p}.mlp.up_proj"), c.intermediate, d, false)?,
+                    down: linear(ck, c, &format!("{p}.mlp.down_proj"), d, c.intermediate, false)?,
                 })
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;

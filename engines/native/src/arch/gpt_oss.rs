@@ -178,7 +178,7 @@ impl GptOss {
                     sinks: vector(ck, &format!("{attn}.sinks"), c.heads)?,
                     post_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
                     moe: Moe {
-                        router: linear(ck, &format!("{p}.mlp.router"), experts.count, d, true)?,
+                        router: linear(ck, c, &format!("{p}.mlp.router"), experts.count, d, true)?,
                         gate_up: ExpertMatrices::load(
                             ck,
                             &format!("{p}.mlp.experts.gate_up_proj"),

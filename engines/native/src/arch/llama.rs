@@ -38,9 +38,9 @@ impl Llama {
                     input_norm: vector(ck, &format!("{p}.input_layernorm.weight"), d)?,
                     attn: AttentionWeights::load(ck, c, &format!("{p}.self_attn"))?,
                     post_norm: vector(ck, &format!("{p}.post_attention_layernorm.weight"), d)?,
-                    gate: linear(ck, &format!("{p}.mlp.gate_proj"), c.intermediate, d, c.mlp_bias)?,
-                    up: linear(ck, &format!("{p}.mlp.up_proj"), c.intermediate, d, c.mlp_bias)?,
-                    down: linear(ck, &format!("{p}.mlp.down_proj"), d, c.intermediate, c.mlp_bias)?,
+                    gate: linear(ck, c, &format!("{p}.mlp.gate_proj"), c.intermediate, d, c.mlp_bias)?,
+                    up: linear(ck, c, &format!("{p}.mlp.up_proj"), c.intermediate, d, c.mlp_bias)?,
+                    down: linear(ck, c, &format!("{p}.mlp.down_proj"), d, c.intermediate, c.mlp_bias)?,
                 })
             })
             .collect::<Result<Vec<_>, CheckpointError>>()?;

@@ -48,9 +48,11 @@ pub struct Scratch {
     pub last: Vec<f32>,
 }
 
-/// The projection `{name}.weight` (`[rows, cols]`), with `{name}.bias` when `bias`.
+/// The projection `{name}.weight` (`[rows, cols]`), with `{name}.bias` when `bias`, multiplying
+/// as `c` says.
 pub(crate) fn linear(
     ck: &Checkpoint,
+    c: &ModelConfig,
     name: &str,
     rows: usize,
     cols: usize,
@@ -58,7 +60,7 @@ pub(crate) fn linear(
 ) -> Result<Linear, CheckpointError> {
     let w = ck.get(&format!("{name}.weight"), &[rows, cols])?;
     let b = if bias { Some(ck.get(&format!("{name}.bias"), &[rows])?.to_f32()) } else { None };
-    Ok(Linear::new(w, b))
+    Ok(Linear::new(w, b, c.bf16_products))
 }
 
 /// The embedding rows of the batch's tokens into `x` (`tokens x d`).
@@ -81,9 +83,9 @@ pub(crate) struct Ends {
 
 impl Ends {
     pub(crate) fn load(ck: &Checkpoint, c: &ModelConfig) -> Result<Self, CheckpointError> {
-        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, "lm_head", c.vocab, c.hidden, false)?) };
+        let lm_head = if c.tie_embeddings { None } else { Some(linear(ck, c, "lm_head", c.vocab, c.hidden, false)?) };
         Ok(Ends {
-            embed: linear(ck, "model.embed_tokens", c.vocab, c.hidden, false)?,
+            embed: linear(ck, c, "model.embed_tokens", c.vocab, c.hidden, false)?,
             lm_head,
             norm: vector(ck, "model.norm.weight", c.hidden)?,
         })
@@ -112,10 +114,10 @@ impl AttentionWeights {
     pub(crate) fn load(ck: &Checkpoint, c: &ModelConfig, prefix: &str) -> Result<Self, CheckpointError> {
         let (d, q, kv) = (c.hidden, c.heads * c.head_dim, c.kv_heads * c.head_dim);
         Ok(AttentionWeights {
-            q: linear(ck, &format!("{prefix}.q_proj"), q, d, c.qkv_bias)?,
-            k: linear(ck, &format!("{prefix}.k_proj"), kv, d, c.qkv_bias)?,
-            v: linear(ck, &format!("{prefix}.v_proj"), kv, d, c.qkv_bias)?,
-            o: linear(ck, &format!("{prefix}.o_proj"), d, q, c.o_bias)?,
+            q: linear(ck, c, &format!("{prefix}.q_proj"), q, d, c.qkv_bias)?,
+            k: linear(ck, c, &format!("{prefix}.k_proj"), kv, d, c.qkv_bias)?,
+            v: linear(ck, c, &format!("{prefix}.v_proj"), kv, d, c.qkv_bias)?,
+            o: linear(ck, c, &format!("{prefix}.o_proj"), d, q, c.o_bias)?,
         })
     }
 

@@ -83,6 +83,19 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// The sums of four accumulators. A loop in a function of its own with the kernels' features:
+/// `map` with a closure compiled the sums without them (closures do not inherit a function's
+/// target features), which passed each register through memory to a call.
+#[inline(always)]
+fn sums(acc: &[__m256; 4]) -> [f32; 4] {
+    let mut out = [0f32; 4];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: register-only; the callers run with AVX.
+        *o = unsafe { hsum(*a) };
+    }
+    out
+}
+
 /// Asks for column `i` of the four rows after the tile at `wp` (rows of `k` values): the
 /// task's next tile, read from memory while this one is computed. A prefetch never faults, so
 /// the address may lie past the weights.
@@ -125,8 +138,7 @@ pub unsafe fn dot4<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
             i += 8;
         }
     }
-    // SAFETY: register-only.
-    let mut out = acc.map(|a| unsafe { hsum(a) });
+    let mut out = sums(&acc);
     for i in main..k {
         for (r, o) in out.iter_mut().enumerate() {
             *o += x[i] * w[r * k + i].to_f32();
@@ -160,8 +172,7 @@ pub unsafe fn dot4_side_by_side<W: Weight>(x: &[f32], w: &[W]) -> [f32; 4] {
         }
         i += 8;
     }
-    // SAFETY: register-only.
-    let mut out = acc.map(|a| unsafe { hsum(a) });
+    let mut out = sums(&acc);
     for i in main..k {
         for (r, o) in out.iter_mut().enumerate() {
             *o += x[i] * w[r * k + i].to_f32();
@@ -201,8 +212,7 @@ pub unsafe fn dot4x2<W: Weight>(x0: &[f32], x1: &[f32], w: &[W], prefetch: bool)
         }
         i += 8;
     }
-    // SAFETY: register-only.
-    let mut out = [a0.map(|a| unsafe { hsum(a) }), a1.map(|a| unsafe { hsum(a) })];
+    let mut out = [sums(&a0), sums(&a1)];
     for i in main..k {
         for r in 0..4 {
             let wv = w[r * k + i].to_f32();

@@ -12,6 +12,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+#[cfg(target_arch = "x86_64")]
+use super::avx512_bf16;
 use super::panel::{panel_gemm, Out};
 #[cfg(target_arch = "x86_64")]
 use super::simd;
@@ -37,15 +39,39 @@ pub struct Linear {
     bias: Option<Vec<f32>>,
     pub rows: usize,
     pub cols: usize,
+    /// The weight is bf16, products in bf16 were asked for and the CPU has AVX-512 BF16.
+    bf16_products: bool,
+}
+
+/// Whether bf16 weights can multiply in bf16 on this CPU (AVX-512 BF16).
+pub fn bf16_products_here() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512_bf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Which kernels a call runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernels {
+    /// f32 dot products over the weights as stored.
+    Dot,
+    /// A GEMM over panels widened to f32.
+    Gemm,
+    /// bf16 dot products of the weights as stored with the inputs rounded to bf16.
+    Bf16,
 }
 
 impl Linear {
     /// `weight` must be `[rows, cols]`, naturally aligned for its type (safetensors writers
-    /// align every tensor); `bias` `[rows]`.
-    pub fn new(weight: TensorView, bias: Option<Vec<f32>>) -> Self {
+    /// align every tensor); `bias` `[rows]`. With `bf16_products`, a bf16 weight multiplies
+    /// inputs rounded to bf16 where the CPU has AVX-512 BF16 (as llama.cpp multiplies bf16
+    /// weights); otherwise every product is in f32.
+    pub fn new(weight: TensorView, bias: Option<Vec<f32>>, bf16_products: bool) -> Self {
         let (rows, cols) = (weight.shape[0], weight.shape[1]);
         debug_assert!(bias.as_ref().is_none_or(|b| b.len() == rows));
-        Linear { weight, bias, rows, cols }
+        let bf16_products = bf16_products && weight.dtype == DType::BF16 && bf16_products_here();
+        Linear { weight, bias, rows, cols, bf16_products }
     }
 
     /// How the weight is stored.
@@ -115,15 +141,22 @@ fn widen_bf16(src: &[u16], dst: &mut [f32]) {
 /// Runs several projections of the same input `x` (`n x cols`, equal `cols`) in one parallel
 /// call, each into its own output (`n x rows`).
 pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) {
-    forward_many_on(jobs, x, n, n >= GEMM_MIN_ROWS);
+    let kernels = if jobs.iter().all(|(l, _)| l.bf16_products) {
+        Kernels::Bf16
+    } else if n >= GEMM_MIN_ROWS {
+        Kernels::Gemm
+    } else {
+        Kernels::Dot
+    };
+    forward_many_on(jobs, x, n, kernels);
 }
 
-/// [`forward_many`] on the panel GEMM (`gemm`) or the dot kernels.
-fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, gemm: bool) {
+/// [`forward_many`] on the given kernels.
+fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, kernels: Kernels) {
     let cols = jobs[0].0.cols;
     debug_assert!(jobs.iter().all(|(l, _)| l.cols == cols) && x.len() == n * cols);
     // Every job's first tile, its weight and its output.
-    let tile_rows = if gemm { PANEL } else { TILE };
+    let tile_rows = if kernels == Kernels::Gemm { PANEL } else { TILE };
     let (mut starts, mut linears, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     let mut tiles = 0;
     for (l, y) in jobs.iter_mut() {
@@ -134,20 +167,39 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, g
         outs.push(Out(y.as_mut_ptr()));
         tiles += l.rows.div_ceil(tile_rows);
     }
+    // The inputs rounded to bf16 once, for every task.
+    let mut narrow = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if kernels == Kernels::Bf16 {
+        debug_assert!(jobs.iter().all(|(l, _)| l.bf16_products));
+        narrow.resize(x.len(), 0);
+        // SAFETY: the weights have bf16_products, which Linear::new grants only where the CPU
+        // passes avx512_bf16::available().
+        unsafe { avx512_bf16::narrow(x, &mut narrow) };
+    }
     // Enough tasks to balance, few enough that each amortises its scheduling.
     let per_task = (tiles / (rayon::current_num_threads() * 4)).max(1);
     (0..tiles).into_par_iter().with_min_len(per_task).for_each_init(
-        || vec![0f32; tile_rows * cols],
+        || vec![0f32; if kernels == Kernels::Bf16 { 0 } else { tile_rows * cols }],
         |scratch, tile| {
             let j = starts.partition_point(|&s| s <= tile) - 1;
             let (l, out) = (linears[j], outs[j]);
             let r0 = (tile - starts[j]) * tile_rows;
             let r1 = (r0 + tile_rows).min(l.rows);
-            if gemm {
-                l.widen(r0, r1, scratch);
-                panel_gemm(&scratch[..(r1 - r0) * cols], r1 - r0, cols, x, n, l.rows, r0, out);
-            } else {
-                l.rows_into(r0, r1, x, n, out, scratch);
+            match kernels {
+                Kernels::Gemm => {
+                    l.widen(r0, r1, scratch);
+                    panel_gemm(&scratch[..(r1 - r0) * cols], r1 - r0, cols, x, n, l.rows, r0, out);
+                }
+                Kernels::Dot => l.rows_into(r0, r1, x, n, out, scratch),
+                Kernels::Bf16 => {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        let bytes = &l.weight.bytes()[r0 * cols * 2..r1 * cols * 2];
+                        // SAFETY: as for `narrow` above; the slice holds the tile's rows.
+                        unsafe { rows_bf16(bytemuck::cast_slice(bytes), r1 - r0, cols, &narrow, n, l.rows, r0, out) };
+                    }
+                }
             }
             if let Some(b) = &l.bias {
                 for t in 0..n {
@@ -225,6 +277,63 @@ unsafe fn rows_simd<W: avx2::Weight>(
         };
         for (i, v) in d.into_iter().enumerate() {
             put(t, i, v);
+        }
+    }
+}
+
+/// [`tile`] with the AVX-512 BF16 kernels: `nr` bf16 weight rows `w` as stored against the
+/// inputs rounded to bf16 (`x`), six inputs at a time (24 sums and the four weight vectors in
+/// the 32 registers), then the rest together.
+///
+/// # Safety
+/// The CPU must pass [`avx512_bf16::available`]; `w` holds `nr x cols` values.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_bf16(w: &[u16], nr: usize, cols: usize, x: &[u16], n: usize, rows: usize, r0: usize, out: Out) {
+    use avx512_bf16::dots;
+    let input = |t: usize| x[t * cols..].as_ptr();
+    // SAFETY (every write below): row r0 + i belongs to this task and t < n.
+    let put = |t: usize, i: usize, v: f32| unsafe { *out.0.add(t * rows + r0 + i) = v };
+    if nr < TILE {
+        for i in 0..nr {
+            for t in 0..n {
+                // SAFETY: the caller checked the CPU; w holds nr rows of cols values.
+                put(t, i, unsafe { dots::<1, 1>([input(t)], w[i * cols..].as_ptr(), cols, false) }[0][0]);
+            }
+        }
+        return;
+    }
+    /// Inputs `t..t + G` against the tile's four rows.
+    #[inline(always)]
+    unsafe fn group<const G: usize>(
+        t: usize,
+        input: impl Fn(usize) -> *const u16,
+        w: &[u16],
+        cols: usize,
+        put: impl Fn(usize, usize, f32),
+    ) {
+        // SAFETY: the caller checked the CPU; w holds four rows, the inputs t..t+G exist.
+        let d = unsafe { dots::<TILE, G>(std::array::from_fn(|j| input(t + j)), w.as_ptr(), cols, t == 0) };
+        for (j, row) in d.into_iter().enumerate() {
+            for (i, v) in row.into_iter().enumerate() {
+                put(t + j, i, v);
+            }
+        }
+    }
+    let mut t = 0;
+    // SAFETY (each group): as above.
+    unsafe {
+        while t + 6 <= n {
+            group::<6>(t, input, w, cols, put);
+            t += 6;
+        }
+        match n - t {
+            5 => group::<5>(t, input, w, cols, put),
+            4 => group::<4>(t, input, w, cols, put),
+            3 => group::<3>(t, input, w, cols, put),
+            2 => group::<2>(t, input, w, cols, put),
+            1 => group::<1>(t, input, w, cols, put),
+            _ => {}
         }
     }
 }
@@ -339,8 +448,9 @@ mod tests {
         }
     }
 
-    /// A bf16 `[rows, cols]` weight in a safetensors file under the temp dir.
-    fn bf16_linear(rows: usize, cols: usize, bias: bool) -> Linear {
+    /// A bf16 `[rows, cols]` weight in a safetensors file under the temp dir, multiplying in bf16
+    /// where the CPU can when `bf16_products`.
+    fn bf16_linear(rows: usize, cols: usize, bias: bool, bf16_products: bool) -> Linear {
         let values: Vec<half::bf16> =
             (0..rows * cols).map(|i| half::bf16::from_f32(((i * 7) as f32 * 0.013).sin())).collect();
         let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
@@ -350,7 +460,23 @@ mod tests {
         let ck = crate::checkpoint::Checkpoint::open(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         let b = bias.then(|| (0..rows).map(|r| r as f32 * 0.5).collect());
-        Linear::new(ck.get("w", &[rows, cols]).unwrap(), b)
+        Linear::new(ck.get("w", &[rows, cols]).unwrap(), b, bf16_products)
+    }
+
+    /// `x W^T + b` in f64 over the weight as stored, with the inputs rounded to bf16 when `narrow`.
+    fn reference(l: &Linear, x: &[f32], n: usize, narrow: bool) -> Vec<f64> {
+        let (rows, cols) = (l.rows, l.cols);
+        let mut w = vec![0f32; rows * cols];
+        l.widen(0, rows, &mut w);
+        let input = |i: usize| if narrow { half::bf16::from_f32(x[i]).to_f32() } else { x[i] } as f64;
+        let mut y = vec![0f64; n * rows];
+        for t in 0..n {
+            for r in 0..rows {
+                let dot: f64 = (0..cols).map(|k| input(t * cols + k) * w[r * cols + k] as f64).sum();
+                y[t * rows + r] = dot + l.bias.as_ref().map_or(0.0, |b| b[r] as f64);
+            }
+        }
+        y
     }
 
     /// Every path (dot kernels on the stored weights one, two or three inputs at a time, and the
@@ -359,21 +485,16 @@ mod tests {
     #[test]
     fn every_batch_size_computes_the_same_projection() {
         let (rows, cols) = (70, 300); // not multiples of the tile or the panel
-        let l = bf16_linear(rows, cols, true);
-        let mut w = vec![0f32; rows * cols];
-        l.widen(0, rows, &mut w);
+        let l = bf16_linear(rows, cols, true, false);
         let x: Vec<f32> = (0..(GEMM_MIN_ROWS + 8) * cols).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
         let mut alone = Vec::new();
         l.forward(&x[..cols], 1, &mut alone);
         for n in [1, 2, 3, 4, 5, 7, 8, 16, 17, 40, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, GEMM_MIN_ROWS + 5] {
             let mut y = Vec::new();
             l.forward(&x[..n * cols], n, &mut y);
-            for t in 0..n {
-                for r in 0..rows {
-                    let want: f32 = (0..cols).map(|k| x[t * cols + k] * w[r * cols + k]).sum::<f32>() + r as f32 * 0.5;
-                    let got = y[t * rows + r];
-                    assert!((got - want).abs() < 1e-3, "n {n} t {t} r {r}: {got} vs {want}");
-                }
+            let want = reference(&l, &x[..n * cols], n, false);
+            for (i, (got, want)) in y.iter().zip(&want).enumerate() {
+                assert!((*got as f64 - want).abs() < 1e-3, "n {n} output {i}: {got} vs {want}");
             }
             if n < GEMM_MIN_ROWS {
                 assert_eq!(y[..rows], alone[..], "n {n}: the first input's outputs moved with the batch size");
@@ -387,10 +508,47 @@ mod tests {
         }
     }
 
+    /// With bf16 products (where the CPU has AVX-512 BF16), each output is the exact sum of the
+    /// products of the weights and the inputs rounded to bf16, to f32 rounding, and its bits are
+    /// the same at every batch size, prefill chunks included: six, the rest, or one at a time.
+    #[test]
+    fn bf16_products_sum_the_rounded_inputs_and_give_the_same_bits_at_every_batch_size() {
+        let (rows, cols) = (70, 300); // rows not a multiple of the tile, cols not of 32 lanes
+        let l = bf16_linear(rows, cols, true, true);
+        assert_eq!(l.bf16_products, bf16_products_here());
+        if !l.bf16_products {
+            eprintln!("no AVX-512 BF16 on this CPU: its projections multiply in f32");
+            return;
+        }
+        let x: Vec<f32> = (0..100 * cols).map(|i| ((i * 3) as f32 * 0.029).cos() * 3.7).collect();
+        let mut alone: Vec<Vec<f32>> = Vec::new();
+        for t in 0..100 {
+            let mut y = Vec::new();
+            l.forward(&x[t * cols..(t + 1) * cols], 1, &mut y);
+            alone.push(y);
+        }
+        for n in [1, 2, 5, 6, 7, 13, GEMM_MIN_ROWS, 100] {
+            let mut y = Vec::new();
+            l.forward(&x[..n * cols], n, &mut y);
+            let (narrowed, plain) = (reference(&l, &x[..n * cols], n, true), reference(&l, &x[..n * cols], n, false));
+            let (mut off_narrowed, mut off_plain) = (0f64, 0f64);
+            for i in 0..n * rows {
+                off_narrowed = off_narrowed.max((y[i] as f64 - narrowed[i]).abs());
+                off_plain = off_plain.max((y[i] as f64 - plain[i]).abs());
+            }
+            assert!(off_narrowed < 1e-3, "n {n}: {off_narrowed} from the rounded inputs' products");
+            // The rounding itself is visible: these are not the f32 products.
+            assert!(off_plain > 10.0 * off_narrowed, "n {n}: {off_plain} vs {off_narrowed}");
+            for t in 0..n {
+                assert_eq!(y[t * rows..(t + 1) * rows], alone[t][..], "n {n} t {t}: not the bits it gets alone");
+            }
+        }
+    }
+
     /// `cargo test --release -p llmr-native-engine --lib kernels::linear::tests::bench --
-    /// --ignored --nocapture`: one layer's projections of SmolLM2 and Gemma 3 (bf16) on the
-    /// dot kernels and on the panel GEMM for growing input counts, the best of 20 rounds, to
-    /// place `GEMM_MIN_ROWS` on a CPU.
+    /// --ignored --nocapture`: one layer's projections of SmolLM2 and Gemma 3 (bf16) on each
+    /// kernel family for growing input counts, the best of 20 rounds, to place `GEMM_MIN_ROWS`
+    /// and to see what bf16 products gain on a CPU.
     #[test]
     #[ignore]
     fn bench() {
@@ -399,26 +557,28 @@ mod tests {
             ("Gemma 3", [(1024, 640), (256, 640), (256, 640), (640, 1024), (2048, 640), (2048, 640), (640, 2048)]),
         ];
         for (model, shapes) in layers {
-            let linears: Vec<Linear> = shapes.iter().map(|&(r, c)| bf16_linear(r, c, false)).collect();
-            for n in [8, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
+            let linears: Vec<Linear> = shapes.iter().map(|&(r, c)| bf16_linear(r, c, false, true)).collect();
+            let bf16 = linears.iter().all(|l| l.bf16_products);
+            for n in [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
                 let x: Vec<f32> = (0..n * 2048).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
-                let time = |gemm: bool| {
+                let time = |kernels: Kernels| {
                     let mut y = Vec::new();
                     let mut round = || {
                         let start = std::time::Instant::now();
                         for l in &linears {
-                            forward_many_on(&mut [(l, &mut y)], &x[..n * l.cols], n, gemm);
+                            forward_many_on(&mut [(l, &mut y)], &x[..n * l.cols], n, kernels);
                         }
                         start.elapsed().as_secs_f64()
                     };
-                    (0..20).map(|_| round()).fold(f64::INFINITY, f64::min)
+                    (0..20).map(|_| round()).fold(f64::INFINITY, f64::min) * 1e3
                 };
-                let (dot, gemm) = (time(false), time(true));
+                let (dot, gemm) = (time(Kernels::Dot), time(Kernels::Gemm));
+                let bf = if bf16 { time(Kernels::Bf16) } else { f64::NAN };
                 println!(
-                    "{model} n {n:3}: dot {:7.3} ms, GEMM {:7.3} ms a layer; dot / GEMM {:.2}",
-                    dot * 1e3,
-                    gemm * 1e3,
-                    dot / gemm
+                    "{model} n {n:3}: dot {dot:7.3} ms, GEMM {gemm:7.3} ms, bf16 {bf:7.3} ms a layer; \
+                     dot / GEMM {:.2}, bf16 / min {:.2}",
+                    dot / gemm,
+                    bf / dot.min(gemm)
                 );
             }
         }

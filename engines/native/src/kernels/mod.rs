@@ -32,6 +32,8 @@ pub(crate) mod attention_avx2;
 pub(crate) mod attention_integer;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_bf16;
 pub mod linear;
 pub mod mxfp4;
 pub mod ops;

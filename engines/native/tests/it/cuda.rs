@@ -39,7 +39,7 @@ fn every_dense_golden_matches_transformers_on_the_gpu() {
         let checkpoint = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
         match on_gpu(&config, &checkpoint, 64) {
             Ok((model, pool)) => {
-                check_model(&name, &golden, config, model, pool, GPU_LOGIT_TOLERANCE);
+                check_model(&name, &golden, config, model, pool, GPU_LOGIT_TOLERANCE, true);
                 checked.push(name.clone());
             }
             Err(LoadError::Unsupported(why)) if name == "gpt_oss" => eprintln!("gpt_oss: {why}"),

@@ -7,11 +7,13 @@ use crate::random_checkpoint::{golden_checkpoint_in_temp, golden_names, load_gol
 use llmr_native_engine::arch::{BatchToken, Model, Scratch};
 use llmr_native_engine::checkpoint::Checkpoint;
 use llmr_native_engine::config::ModelConfig;
+use llmr_native_engine::kernels::linear::bf16_products_here;
 use llmr_native_engine::kv_cache::{BlockTable, KvPool, Shape};
 use serde_json::Value;
 
 /// Keys and values are cached in f16 (the L0 level of the block cache), which moves logits by
-/// about 1e-4 against transformers' f32 cache; computation is f32 throughout.
+/// about 1e-4 against transformers' f32 cache; with `bf16_products` off, computation is f32
+/// throughout.
 const LOGIT_TOLERANCE: f32 = 2e-3;
 
 struct Run {
@@ -40,15 +42,37 @@ pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
+/// In f32 products: logits within [`LOGIT_TOLERANCE`] and the greedy tokens exact. Where the
+/// CPU multiplies bf16 weights in bf16 (the default there), also with those products: logits
+/// no further from transformers' f32 ones than transformers' own bf16 compute is (the golden's
+/// `bf16_compute_max_abs_logit_diff`; these products round only the projections' inputs), and,
+/// as the goldens' notes say a bf16 engine cannot be held to greedy tokens with margins of a few
+/// 1e-3, the greedy tokens not compared.
 fn check(name: &str, golden: &Value, config: ModelConfig, checkpoint: &Checkpoint) {
-    let model = Model::load(&config, checkpoint).unwrap_or_else(|e| panic!("{name}: {e}"));
     let shape = Shape { layers: config.layers, kv_heads: config.kv_heads, head_dim: config.head_dim };
-    check_model(name, golden, config, model, KvPool::new(shape, 64), LOGIT_TOLERANCE);
+    let mut f32_products = config.clone();
+    f32_products.bf16_products = false;
+    let model = Model::load(&f32_products, checkpoint).unwrap_or_else(|e| panic!("{name}: {e}"));
+    check_model(name, golden, f32_products, model, KvPool::new(shape, 64), LOGIT_TOLERANCE, true);
+    if bf16_products_here() {
+        assert!(config.bf16_products, "bf16 products are the default");
+        let bound = golden["tolerance_hints"]["bf16_compute_max_abs_logit_diff"].as_f64().unwrap() as f32;
+        let model = Model::load(&config, checkpoint).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_model(&format!("{name} (bf16 products)"), golden, config, model, KvPool::new(shape, 64), bound, false);
+    }
 }
 
-/// `model`'s logits of the golden's prompt within `tolerance` of transformers', and its greedy
-/// continuation through its cache (`pool`) equal to transformers'.
-pub(crate) fn check_model(name: &str, golden: &Value, config: ModelConfig, model: Model, pool: KvPool, tolerance: f32) {
+/// `model`'s logits of the golden's prompt within `tolerance` of transformers', and (with
+/// `greedy`) its greedy continuation through its cache (`pool`) equal to transformers'.
+pub(crate) fn check_model(
+    name: &str,
+    golden: &Value,
+    config: ModelConfig,
+    model: Model,
+    pool: KvPool,
+    tolerance: f32,
+    greedy: bool,
+) {
     let mut run = Run { pool, table: BlockTable::default(), scratch: Scratch::default(), model, config };
     let vocab = run.config.vocab;
     let input = ids(&golden["input_ids"]);
@@ -63,6 +87,9 @@ pub(crate) fn check_model(name: &str, golden: &Value, config: ModelConfig, model
     }
     eprintln!("{name}: logits within {worst:.2e} of transformers");
     assert!(worst <= tolerance, "{name}: logits differ from transformers by up to {worst}");
+    if !greedy {
+        return;
+    }
     // Greedy continuation through the cache, one token a step, as the scheduler decodes.
     let want = ids(&golden["greedy"]["tokens"]);
     let mut last = logits[logits.len() - vocab..].to_vec();
@@ -103,7 +130,10 @@ fn every_golden_generates_the_reference_tokens_through_the_plugin() {
     for name in golden_names() {
         let golden = load_golden(&name);
         let dir = golden_checkpoint_in_temp(&name);
-        e.load_model(&crate::support::spec(&name, &dir)).unwrap_or_else(|err| panic!("{name}: {err}"));
+        // f32 products: with bf16 ones, greedy tokens may part at margins of a few 1e-3.
+        let mut spec = crate::support::spec(&name, &dir);
+        spec.options = Some(serde_json::json!({"bf16_products": false}));
+        e.load_model(&spec).unwrap_or_else(|err| panic!("{name}: {err}"));
         let info = e.model_info(&name).unwrap();
         assert_eq!(info.architecture.as_deref(), golden["config"]["model_type"].as_str());
         // The golden tokenizer's word for id i is `t{i}`.
