@@ -588,6 +588,9 @@ impl Scheduler {
                 deliveries.push(self.sample(i, row, drawn));
             }
         }
+        if let StepOutput::Logits(logits) = out {
+            self.scratch.logits = logits;
+        }
         let window = self.pool.window();
         for r in self.running.iter_mut() {
             self.pool.publish(&mut r.table, &r.tokens);

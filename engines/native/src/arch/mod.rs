@@ -46,6 +46,10 @@ pub struct Scratch {
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
     pub last: Vec<f32>,
+    /// The logits' storage: a step returns it, and the scheduler hands it back after sampling,
+    /// so that a large vocabulary's rows (1 MiB a row on Gemma 3) are not fresh pages to fault
+    /// in and zero every step.
+    pub logits: Vec<f32>,
 }
 
 /// The projection `{name}.weight` (`[rows, cols]`), with `{name}.bias` when `bias`, multiplying
@@ -164,7 +168,7 @@ pub(crate) fn finish(
     if output == Output::Hidden {
         return std::mem::take(&mut s.h);
     }
-    let mut logits = Vec::new();
+    let mut logits = std::mem::take(&mut s.logits);
     head.forward(&s.h, rows, &mut logits);
     logits
 }

@@ -46,7 +46,8 @@ fn tail_mask(left: usize) -> u32 {
 /// Dot products of `G` bf16 inputs `x` with `R` bf16 weight rows at `w` (rows of `k` values,
 /// one after the other), as `[input][row]`. Every sum runs the same instructions in the same
 /// order whatever `R` and `G` are, so an output does not depend on the inputs or rows it was
-/// computed beside. With `prefetch`, the `R` rows after these are asked for meanwhile.
+/// computed beside. With `prefetch` = `Some(ahead)`, the rows `ahead` rows after these are asked
+/// for meanwhile.
 ///
 /// # Safety
 /// The CPU must pass [`available`]; every `x[j]` and the `R` rows at `w` hold `k` values.
@@ -55,7 +56,7 @@ pub unsafe fn dots<const R: usize, const G: usize>(
     x: [*const u16; G],
     w: *const u16,
     k: usize,
-    prefetch: bool,
+    prefetch: Option<usize>,
 ) -> [[f32; R]; G] {
     let mut acc = [[_mm512_setzero_ps(); R]; G];
     let main = k / LANES * LANES;
@@ -65,8 +66,8 @@ pub unsafe fn dots<const R: usize, const G: usize>(
         unsafe {
             let mut wv = [_mm512_setzero_si512(); R];
             for (r, v) in wv.iter_mut().enumerate() {
-                if prefetch {
-                    _mm_prefetch(w.wrapping_add((R + r) * k + i) as *const i8, _MM_HINT_T0);
+                if let Some(ahead) = prefetch {
+                    _mm_prefetch(w.wrapping_add((ahead + r) * k + i) as *const i8, _MM_HINT_T0);
                 }
                 *v = _mm512_loadu_si512(w.add(r * k + i) as *const _);
             }

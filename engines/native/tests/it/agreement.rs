@@ -3,8 +3,9 @@
 //! llama.cpp generates greedy tokens for each prompt; the native engine reads each prompt and
 //! that continuation in one forward pass, and its top-1 token at every position is compared with
 //! llama.cpp's choice (teacher forcing, so one early near-tie does not decide the rest). The two
-//! differ only in arithmetic (f16 vs f32 accumulation, kernel order), so they must agree on at
-//! least 99% of the positions. SmolLM2 (llama), Qwen2.5-Coder 0.5B (qwen2) and Gemma 3 270M
+//! differ only in arithmetic (llama.cpp rounds the projections' inputs to f16; the native engine,
+//! as it serves by default, to bf16 where the CPU has AVX-512 BF16 and not at all elsewhere; and
+//! the order of sums), so they must agree on at least 99% of the positions. SmolLM2 (llama), Qwen2.5-Coder 0.5B (qwen2) and Gemma 3 270M
 //! (gemma3_text, sliding windows: two of its prompts are longer than its 512-token window) are
 //! checked.
 
