@@ -295,15 +295,15 @@ unsafe fn rows_bf16(w: &[u16], nr: usize, cols: usize, x: &[u16], n: usize, rows
     // SAFETY (every write below): row r0 + i belongs to this task and t < n.
     let put = |t: usize, i: usize, v: f32| unsafe { *out.0.add(t * rows + r0 + i) = v };
     if nr < TILE || n == 1 {
-        // One input alone reads the rows one after the other, fetching four rows ahead: one
-        // stream in address order, which the hardware prefetcher follows (single-sequence decode
-        // is reading memory; four rows side by side read 65536 x 640 weights at 22 GB/s, one
-        // after the other at 38, `tests::bench`). The other rows' sums run in the same order.
-        let ahead = (n == 1).then_some(TILE);
+        // One input alone reads the rows one after the other: one stream in address order,
+        // which the hardware prefetcher follows without help (single-sequence decode reads
+        // memory; over a 65536 x 640 weight, `tests::bench`, four rows side by side read 22
+        // GB/s, one after the other 36-45, as the f32 kernel's 40, and 31-35 with a software
+        // prefetch four or eight rows ahead). The other rows' sums run in the same order.
         for i in 0..nr {
             for t in 0..n {
                 // SAFETY: the caller checked the CPU; w holds nr rows of cols values.
-                put(t, i, unsafe { dots::<1, 1>([input(t)], w[i * cols..].as_ptr(), cols, ahead) }[0][0]);
+                put(t, i, unsafe { dots::<1, 1>([input(t)], w[i * cols..].as_ptr(), cols, None) }[0][0]);
             }
         }
         return;
