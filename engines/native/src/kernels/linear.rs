@@ -1,5 +1,9 @@
 //! `y = x W^T (+ b)` for a weight stored as on disk (bf16, f16 or f32, `[out, in]` row-major,
-//! memory-mapped), computed in f32.
+//! memory-mapped), summed in f32.
+//!
+//! Where the CPU has AVX-512 BF16, a bf16 weight multiplies the inputs rounded to bf16
+//! (`avx512_bf16.rs`) at every batch size, unless the model asks for f32 products; otherwise the
+//! products are f32, as below.
 //!
 //! Work is split over output rows on the model's thread pool. Below [`GEMM_MIN_ROWS`] input rows
 //! (decode: one per sequence; a follow-up turn's few new tokens), a task takes a tile of four
@@ -168,6 +172,7 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
         tiles += l.rows.div_ceil(tile_rows);
     }
     // The inputs rounded to bf16 once, for every task.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut narrow = Vec::new();
     #[cfg(target_arch = "x86_64")]
     if kernels == Kernels::Bf16 {
