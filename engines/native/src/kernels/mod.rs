@@ -1,4 +1,5 @@
-//! CPU kernels of the forward pass (f32 compute over weights as stored on disk).
+//! CPU kernels of the forward pass over weights as stored on disk (f32 sums; bf16 products for
+//! bf16 weights where the CPU has AVX-512 BF16).
 
 /// Evaluates `$call` with `$n` the const 1 to 4 that `$left` asks for (4 for more): the
 /// attention kernels take up to four query heads at a time, each head's sums in registers.

@@ -5,9 +5,9 @@
 //! llama.cpp's choice (teacher forcing, so one early near-tie does not decide the rest). The two
 //! differ only in arithmetic (llama.cpp rounds the projections' inputs to f16; the native engine,
 //! as it serves by default, to bf16 where the CPU has AVX-512 BF16 and not at all elsewhere; and
-//! the order of sums), so they must agree on at least 99% of the positions. SmolLM2 (llama), Qwen2.5-Coder 0.5B (qwen2) and Gemma 3 270M
-//! (gemma3_text, sliding windows: two of its prompts are longer than its 512-token window) are
-//! checked.
+//! the order of sums), so they must agree on at least 99% of the positions. SmolLM2 (llama),
+//! Qwen2.5-Coder 0.5B (qwen2) and Gemma 3 270M (gemma3_text, sliding windows: two of its prompts
+//! are longer than its 512-token window) are checked.
 
 use crate::support::{cached_model, instance, llama_plugin};
 use llmr_engine_host::{Format, InferParams, ModelSpec, Sampling};
