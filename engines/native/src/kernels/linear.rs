@@ -467,10 +467,10 @@ mod tests {
             (0..rows * cols).map(|i| half::bf16::from_f32(((i * 7) as f32 * 0.013).sin())).collect();
         let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
         let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, vec![rows, cols], &bytes).unwrap();
-        let path = std::env::temp_dir().join(format!("llmr-linear-{}-{rows}x{cols}.safetensors", std::process::id()));
-        std::fs::write(&path, safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
-        let ck = crate::checkpoint::Checkpoint::open(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
+        // A file of its own: tests running at once may ask for the same shape.
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
+        let ck = crate::checkpoint::Checkpoint::open(file.path()).unwrap();
         let b = bias.then(|| (0..rows).map(|r| r as f32 * 0.5).collect());
         Linear::new(ck.get("w", &[rows, cols]).unwrap(), b, bf16_products)
     }
