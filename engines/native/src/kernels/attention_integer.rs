@@ -616,4 +616,73 @@ mod tests {
         }
         assert!(scores.iter().all(|&x| x == 0.0) && out.iter().all(|&x| x == 0.5));
     }
+
+    /// Kernel time per block (scores and weighted sum of one KV head read by its 3 query heads,
+    /// head_dim 64: SmolLM2's shapes) at f16, int8 and int4, over as many blocks as 8 sequences
+    /// of 4,096 tokens hold, each block its own copy: `cargo test --release -p
+    /// llmr-native-engine --lib kernels::attention_integer::tests::bench -- --ignored
+    /// --nocapture` (`BENCH_ROUNDS`, default 7, rounds over all blocks; medians).
+    #[test]
+    #[ignore]
+    fn bench() {
+        use crate::kernels::attention_avx2::{attention_dots, attention_weighted_sum};
+        if !crate::kernels::simd() {
+            return;
+        }
+        let (hd, heads, blocks) = (64usize, 3usize, 8 * 4096 / BLOCK_TOKENS);
+        let rounds: usize = std::env::var("BENCH_ROUNDS").map_or(7, |r| r.parse().expect("BENCH_ROUNDS: a count"));
+        let c = case(hd, heads);
+        let f16s: Vec<f16> = (0..BLOCK_TOKENS * hd).map(|i| f16::from_f32((i as f32 * 0.01).sin())).collect();
+        let copies = |x: &[f16]| vec![x.to_vec(); blocks];
+        let (kf, vf) = (copies(&f16s), copies(&f16s));
+        let (k8, v8) = (vec![c.k8.clone(); blocks], vec![c.v8.clone(); blocks]);
+        let (k4, v4) = (vec![c.k4.clone(); blocks], vec![c.v4.clone(); blocks]);
+        let rows = |data, scale, min, group| BlockRows { data, scale, min, group };
+        let levels: [(&str, Vec<(BlockRows<'_>, BlockRows<'_>)>); 3] = [
+            (
+                "f16",
+                (0..blocks)
+                    .map(|i| (rows(RowData::F16(&kf[i]), None, None, hd), rows(RowData::F16(&vf[i]), None, None, hd)))
+                    .collect(),
+            ),
+            (
+                "int8",
+                (0..blocks)
+                    .map(|i| {
+                        let keys = rows(RowData::I8(&k8[i]), Some(&c.channel[..]), None, hd);
+                        (keys, rows(RowData::I8(&v8[i]), Some(&c.row[..]), None, hd))
+                    })
+                    .collect(),
+            ),
+            (
+                "int4",
+                (0..blocks)
+                    .map(|i| {
+                        let keys = rows(RowData::U4(&k4[i]), Some(&c.channel[..]), Some(&c.channel_min[..]), hd);
+                        (keys, rows(RowData::U4(&v4[i]), Some(&c.row[..]), Some(&c.row_min[..]), GROUP))
+                    })
+                    .collect(),
+            ),
+        ];
+        let weights = vec![1.0f32 / 16.0; heads * BLOCK_TOKENS];
+        let (mut scores, mut out, mut fold) = (vec![0f32; heads * BLOCK_TOKENS], vec![0f32; heads * hd], Vec::new());
+        for (name, blocks) in &levels {
+            let mut times: Vec<f64> = (0..rounds)
+                .map(|_| {
+                    let start = std::time::Instant::now();
+                    for (keys, values) in blocks {
+                        // SAFETY: simd() found AVX2, FMA and F16C.
+                        unsafe {
+                            attention_dots(keys, (0, 16), hd, &c.q, heads, 0.125, &mut scores, 16, &mut fold);
+                            attention_weighted_sum(values, (0, 16), hd, &weights, 16, heads, &mut out, &mut fold);
+                        }
+                    }
+                    start.elapsed().as_secs_f64() * 1e9 / blocks.len() as f64
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let (low, mid, high) = (times[0], times[rounds / 2], times[rounds - 1]);
+            println!("{name}: {mid:.0} ns a block (min {low:.0}, max {high:.0}); checksum {}", out[0] + scores[0]);
+        }
+    }
 }
