@@ -630,7 +630,8 @@ mod tests {
             return;
         }
         let (hd, heads, blocks) = (64usize, 3usize, 8 * 4096 / BLOCK_TOKENS);
-        let rounds: usize = std::env::var("BENCH_ROUNDS").map_or(7, |r| r.parse().expect("BENCH_ROUNDS: a count"));
+        let rounds: usize =
+            std::env::var("BENCH_ROUNDS").map_or(7, |r| r.parse().expect("BENCH_ROUNDS: a count")).max(1);
         let c = case(hd, heads);
         let f16s: Vec<f16> = (0..BLOCK_TOKENS * hd).map(|i| f16::from_f32((i as f32 * 0.01).sin())).collect();
         let copies = |x: &[f16]| vec![x.to_vec(); blocks];
