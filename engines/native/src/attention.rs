@@ -525,6 +525,9 @@ mod tests {
         assert_eq!(alone, widened[heads * hd..], "the same sums in the same order give the same bits");
         // And both are attention over the values the levels stand for (their codes times their
         // scales plus their minimums), with the scales folded in elsewhere: only rounding apart.
+        // The int4 block's byte multipliers (7 and 8 bits, `kernels/attention_int4.rs`) move an
+        // output by up to 1.8e-3 here, a few percent of what rounding to int4 moved the values
+        // by (up to a 30th of a row's range); with i16 multipliers everywhere it stayed < 1e-4.
         let stored = |kv: usize, keys: bool| {
             let mut rows = vec![0f32; len.next_multiple_of(BLOCK_TOKENS) * hd];
             for (b, &id) in table.blocks.iter().enumerate() {
@@ -545,7 +548,7 @@ mod tests {
                 let want = reference(qh, &stored(kv, true)[..=pos], &stored(kv, false)[..=pos], shape.scale, None);
                 let got = &widened[(t * heads + h) * hd..][..hd];
                 for (a, b) in got.iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-4, "query {t} head {h}: {a} vs {b}");
+                    assert!((a - b).abs() < 4e-3, "query {t} head {h}: {a} vs {b}");
                 }
             }
         }

@@ -196,7 +196,7 @@ impl LayerBlock {
                         let (s, m) = range4((0..BLOCK_TOKENS).map(|t| k[base + t * hd + c]));
                         (k_scale[h * hd + c], k_min[h * hd + c]) = (s, m);
                         for t in 0..BLOCK_TOKENS {
-                            put4(kh, key4_at(t, c), q4(k[base + t * hd + c], s, m));
+                            put4(kh, key4_at(t, c, hd), q4(k[base + t * hd + c], s, m));
                         }
                     }
                     for t in 0..BLOCK_TOKENS {
@@ -373,7 +373,7 @@ pub(crate) fn int4_keys_into(
     let codes = &k[kv * BLOCK_TOKENS * hd / 2..][..BLOCK_TOKENS * hd / 2];
     for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
         for (c, ((o, s), m)) in row.iter_mut().zip(scale).zip(min).enumerate() {
-            *o = m + get4(codes, key4_at(t, c)) as f32 * s;
+            *o = m + get4(codes, key4_at(t, c, hd)) as f32 * s;
         }
     }
 }
@@ -396,22 +396,26 @@ pub(crate) fn value8_at(t: usize, c: usize, hd: usize) -> usize {
 }
 
 /// Where int4 key code (row `t`, channel `c`) lies in its KV head's block, as (byte, in the
-/// high nibble): the int8 layout ([`key8_at`]) with each channel pair's 32 codes in 16 bytes,
-/// rows 0..8 in the low nibbles and rows 8..16 in the high ones. One 16-byte load then gives
-/// the pair's two halves that the int8 kernel reads from two.
-pub(crate) fn key4_at(t: usize, c: usize) -> (usize, bool) {
-    let half = BLOCK_TOKENS / 2;
-    ((c / 2) * BLOCK_TOKENS + (t % half) * 2 + c % 2, t >= half)
+/// high nibble): channel quads over the rows, 32 bytes a quad, row `t % 8`'s four channels in
+/// bytes `(t % 8) * 4..+4`, rows 0..8 in the low nibbles and rows 8..16 in the high ones. One
+/// 32-byte load, a mask and a shift then give two registers whose 32-bit lanes are one row's
+/// four channels each: what a byte multiply-add sums (`attention_integer.rs`). A head_dim that
+/// is not a multiple of 4 ends with a quad of two channels, two bytes a row.
+pub(crate) fn key4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
+    let (half, quad) = (BLOCK_TOKENS / 2, c - c % 4);
+    let width = (hd - quad).min(4);
+    (quad * half + (t % half) * width + c % 4, t >= half)
 }
 
-/// Where int4 value code (row `t`, channel `c`) lies: the int8 layout ([`value8_at`]) per row
-/// pair, in chunks of 16 channels (fewer at the end of a head) whose codes take one byte per
-/// channel: the chunk's first half of channels in the low nibbles, its second in the high ones.
+/// Where int4 value code (row `t`, channel `c`) lies: row quads over the channels, `2 *
+/// head_dim` bytes a quad, in chunks of 16 channels (8 at the end of a head_dim that is not a
+/// multiple of 16) whose channels' four rows take four bytes each: the chunk's first half of
+/// channels in the low nibbles, its second half in the high ones. A 32-bit lane of the
+/// unpacked codes is then one channel's four rows.
 pub(crate) fn value4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
     let c0 = c - c % 16;
-    let width = (hd - c0).min(16);
-    let at = (c - c0) * 2 + t % 2;
-    ((t / 2) * hd + c0 + at % width, at >= width)
+    let half = (hd - c0).min(16) / 2;
+    ((t / 4) * 2 * hd + c0 * 2 + (c - c0) % half * 4 + t % 4, c - c0 >= half)
 }
 
 /// `xs` as f32 in the front of `buf`.
@@ -531,9 +535,9 @@ mod tests {
 
     #[test]
     fn int4_layouts_give_every_code_its_own_nibble_of_its_head() {
-        for hd in [8, 24, 64, 72, 256] {
+        for hd in [2, 6, 8, 10, 24, 64, 72, 256] {
             for (name, at) in [
-                ("keys", &(|t, c| key4_at(t, c)) as &dyn Fn(usize, usize) -> (usize, bool)),
+                ("keys", &(|t, c| key4_at(t, c, hd)) as &dyn Fn(usize, usize) -> (usize, bool)),
                 ("values", &|t, c| value4_at(t, c, hd)),
             ] {
                 let mut seen = vec![[false; 2]; BLOCK_TOKENS * hd / 2];

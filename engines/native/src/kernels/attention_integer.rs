@@ -4,21 +4,21 @@
 //! value costs: int8 and int4 read fewer bytes at no less arithmetic, and on a CPU that is
 //! bound by arithmetic they ran at 0.7-0.9x the f16 cache. Here the other side of each product
 //! is made integer instead: a query head's key multipliers (the query times each channel's
-//! scale) and a head's weights over a block's rows (softmax weight times each row's scale, per
-//! group of channels at int4) are rounded to i16 with one step per head and block, and
-//! `vpmaddwd` multiplies sixteen codes by them and adds the pairs, half the instructions of
-//! FMAs over f32 for the same codes. Int4 codes' minimums become one term per head (keys:
-//! `q . min`) or per head and group (values: `sum of weight * min`). The sums are exact
-//! integers, so every query that reads a block gets the same bits whatever its tile. The
-//! multipliers keep 15 bits (a relative step of 3e-5, far below the codes' own 8 or 4 bits).
+//! scale) and a head's weights over a block's rows (softmax weight times each row's scale) are
+//! rounded to i16 with one step per head and block, and `vpmaddwd` multiplies sixteen codes
+//! by them and adds the pairs, half the instructions of FMAs over f32 for the same codes. The
+//! sums are exact integers, so every query that reads a block gets the same bits whatever its
+//! tile. The step is the largest `|query|` (or weight) times the block's largest scale over
+//! 32767, known without a pass over the products; the multipliers keep up to 15 bits, far more
+//! than the codes' own 8. Int4 blocks take byte multipliers instead (`attention_int4.rs`),
+//! dispatched from here.
 //!
 //! The blocks are laid out for it (`kv_levels.rs`): keys as channel pairs over the block's rows,
 //! values as row pairs over the channels. A pair multiply-add then sums along the dot
 //! product's own axis, and each of a register's eight lanes ends with one row's score (keys) or
-//! one channel's sum (values): no horizontal sums. An int4 byte holds two codes sixteen bytes
-//! of the int8 layout apart, so one load, a mask and a shift give the sixteen codes the int8
-//! kernel would read from two loads.
+//! one channel's sum (values): no horizontal sums.
 
+use super::attention_int4::{int4_dots, int4_weighted_sum};
 use super::avx2::hsum;
 use crate::kv_cache::BLOCK_TOKENS;
 use crate::kv_levels::{BlockRows, RowData};
@@ -30,28 +30,17 @@ use std::arch::x86_64::*;
 const MULTIPLIER_MAX: f32 = 32767.0;
 const MAX_HEAD_DIM: usize = 512;
 
-/// A block's codes (one KV head) as the kernels load them: sixteen at a time into i16 lanes,
+/// Int8 codes of a block's KV head ([`crate::kv_levels::key8_at`],
+/// [`crate::kv_levels::value8_at`]) as the kernels load them: sixteen at a time into i16 lanes,
 /// the pairs that one multiply-add sums side by side.
-trait Codes: Copy {
+#[derive(Clone, Copy)]
+struct Int8(*const i8);
+
+impl Int8 {
     /// Keys of channel pair `p`: rows 0..8, then rows 8..16, each row's two channels together.
     ///
     /// # Safety
     /// `p < head_dim / 2`; the CPU must have AVX2.
-    unsafe fn key_rows(self, p: usize) -> [__m256i; 2];
-
-    /// Values of row pair `j`: channels `c..c+8`, then `c+8..c+16` when `wide` (else zero), each
-    /// channel's two rows together.
-    ///
-    /// # Safety
-    /// `j < BLOCK_TOKENS / 2` and `c + 16 <= hd` (`c + 8` when not `wide`); AVX2.
-    unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2];
-}
-
-/// Int8 codes ([`crate::kv_levels::key8_at`], [`crate::kv_levels::value8_at`]).
-#[derive(Clone, Copy)]
-struct Int8(*const i8);
-
-impl Codes for Int8 {
     #[inline(always)]
     unsafe fn key_rows(self, p: usize) -> [__m256i; 2] {
         // SAFETY: pair p's rows t0..t0+8 are the 16 bytes from (p * BLOCK_TOKENS + t0) * 2.
@@ -61,74 +50,17 @@ impl Codes for Int8 {
         [at(0), at(BLOCK_TOKENS / 2)]
     }
 
+    /// Values of row pair `j`: channels `c..c+8`, then `c+8..c+16` when `wide` (else zero), each
+    /// channel's two rows together.
+    ///
+    /// # Safety
+    /// `j < BLOCK_TOKENS / 2` and `c + 16 <= hd` (`c + 8` when not `wide`); AVX2.
     #[inline(always)]
     unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2] {
         // SAFETY: row pair j's channels c..c+8 are the 16 bytes from (j * hd + c) * 2.
         let at = |c: usize| unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(self.0.add((j * hd + c) * 2).cast())) };
         [at(c), if wide { at(c + 8) } else { _mm256_setzero_si256() }]
     }
-}
-
-/// Int4 codes ([`crate::kv_levels::key4_at`], [`crate::kv_levels::value4_at`]): the int8
-/// layout's first sixteen bytes of a pair (or chunk) in the low nibbles, the next sixteen in
-/// the high ones.
-#[derive(Clone, Copy)]
-struct Int4(*const u8);
-
-impl Codes for Int4 {
-    #[inline(always)]
-    unsafe fn key_rows(self, p: usize) -> [__m256i; 2] {
-        // SAFETY: pair p's 32 codes are the 16 bytes from p * BLOCK_TOKENS.
-        unsafe { nibbles(_mm_loadu_si128(self.0.add(p * BLOCK_TOKENS).cast())) }
-    }
-
-    #[inline(always)]
-    unsafe fn value_channels(self, j: usize, c: usize, hd: usize, wide: bool) -> [__m256i; 2] {
-        // SAFETY: row pair j's channels c..c+16 are the 16 bytes from j * hd + c (c..c+8: 8).
-        unsafe {
-            let at = self.0.add(j * hd + c);
-            if wide {
-                nibbles(_mm_loadu_si128(at.cast()))
-            } else {
-                // Channels c..c+4 in the low nibbles, c+4..c+8 in the high ones.
-                let bytes = _mm_loadl_epi64(at.cast());
-                let mask = _mm_set1_epi8(0x0f);
-                let (low, high) = (_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask));
-                [_mm256_cvtepu8_epi16(_mm_unpacklo_epi64(low, high)), _mm256_setzero_si256()]
-            }
-        }
-    }
-}
-
-/// Sixteen bytes' low nibbles, then their high ones, as i16 lanes.
-#[inline(always)]
-unsafe fn nibbles(bytes: __m128i) -> [__m256i; 2] {
-    // SAFETY: register-only; the caller's CPU has AVX2.
-    unsafe {
-        let mask = _mm_set1_epi8(0x0f);
-        [
-            _mm256_cvtepu8_epi16(_mm_and_si128(bytes, mask)),
-            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(bytes), mask)),
-        ]
-    }
-}
-
-/// Runs `$kernel::<C, H>` for the next `H` (1 to 4) heads of `$heads` from `$h`, with `C` the
-/// codes of `$data` and `$codes` their loader; evaluates to `H`.
-macro_rules! each_head_group {
-    ($data:expr, $heads:expr, $h:expr, |$codes:ident, $n:ident| $call:expr) => {
-        match $data {
-            RowData::I8(x) => {
-                let $codes = Int8(x.as_ptr());
-                up_to_four!($heads - $h, $n, $call)
-            }
-            RowData::U4(x) => {
-                let $codes = Int4(x.as_ptr());
-                up_to_four!($heads - $h, $n, $call)
-            }
-            RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
-        }
-    };
 }
 
 /// For each of `heads` query heads `h` (rows of `hd` in `q`) and each row `s` in `a..b` of a
@@ -159,17 +91,29 @@ pub unsafe fn integer_dots(
     if a == b {
         return;
     }
+    let codes = match rows.data {
+        RowData::I8(x) => Int8(x.as_ptr()),
+        RowData::U4(x) => {
+            let min = rows.min.expect("int4 codes have minimums");
+            // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
+            return unsafe { int4_dots(x, (channel_scale, min), (a, b), hd, q, heads, scale, out, stride, fold) };
+        }
+        RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
+    };
     // fold: each head's multipliers (a pair of i16 in each f32's bits), then its step times
     // `scale`, then its minimum term times `scale`.
     let pairs = hd / 2;
     fold.resize(heads * (pairs + 2), 0.0);
     let (multipliers, rest) = fold.split_at_mut(heads * pairs);
     let (steps, biases) = rest.split_at_mut(heads);
+    // SAFETY: the CPU has AVX2 and F16C; lengths asserted above.
+    let top_scale = unsafe { largest_f16(&channel_scale[..hd]) };
     for h in 0..heads {
         let qh = &q[h * hd..][..hd];
         // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
         unsafe {
-            steps[h] = quantize_pairs(qh, &channel_scale[..hd], &mut multipliers[h * pairs..][..pairs]) * scale;
+            let bound = largest_abs(qh) * top_scale;
+            steps[h] = quantize_pairs(qh, &channel_scale[..hd], &mut multipliers[h * pairs..][..pairs], bound) * scale;
             biases[h] = rows.min.map_or(0.0, |min| dot_f16(qh, &min[..hd]) * scale);
         }
     }
@@ -179,26 +123,15 @@ pub unsafe fn integer_dots(
         // SAFETY (each call): the block holds `pairs` channel pairs of BLOCK_TOKENS rows, m, st
         // and bi the next heads' multipliers, steps and minimum terms, and o their rows a..b
         // (asserted above).
-        h += unsafe {
-            each_head_group!(rows.data, heads, h, |codes, H| key_dots::<_, H>(
-                codes,
-                (a, b),
-                pairs,
-                m,
-                st,
-                bi,
-                o,
-                stride
-            ))
-        };
+        h += unsafe { up_to_four!(heads - h, H, key_dots::<H>(codes, (a, b), pairs, m, st, bi, o, stride)) };
     }
 }
 
 /// [`integer_dots`] for `H` heads; returns `H`. Rows in two halves of eight, one lane a row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn key_dots<C: Codes, const H: usize>(
-    codes: C,
+unsafe fn key_dots<const H: usize>(
+    codes: Int8,
     (a, b): (usize, usize),
     pairs: usize,
     multipliers: &[f32],
@@ -208,7 +141,6 @@ unsafe fn key_dots<C: Codes, const H: usize>(
     stride: usize,
 ) -> usize {
     let mp = multipliers.as_ptr();
-    let half = BLOCK_TOKENS / 2;
     // SAFETY (every access): head h's multipliers at h * pairs + p inside `multipliers`; the
     // codes' pairs as the caller says.
     unsafe {
@@ -222,20 +154,7 @@ unsafe fn key_dots<C: Codes, const H: usize>(
             }
         }
         for (h, acc) in acc.iter().enumerate() {
-            let (step, bias) = (_mm256_set1_ps(steps[h]), _mm256_set1_ps(biases[h]));
-            let score = |acc: __m256i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), step, bias);
-            let o = &mut out[h * stride..][..b - a];
-            if b - a == BLOCK_TOKENS {
-                // A whole block (most of them): straight to the output; a copy of a run
-                // whose length is not known here is a call to memmove.
-                _mm256_storeu_ps(o.as_mut_ptr(), score(acc[0]));
-                _mm256_storeu_ps(o.as_mut_ptr().add(half), score(acc[1]));
-            } else {
-                let mut rows = [0f32; BLOCK_TOKENS];
-                _mm256_storeu_ps(rows.as_mut_ptr(), score(acc[0]));
-                _mm256_storeu_ps(rows.as_mut_ptr().add(half), score(acc[1]));
-                o.copy_from_slice(&rows[a..b]);
-            }
+            store_scores(acc, (steps[h], biases[h]), (a, b), &mut out[h * stride..][..b - a]);
         }
     }
     H
@@ -273,6 +192,17 @@ pub unsafe fn integer_weighted_sum(
     if a == b {
         return;
     }
+    let codes = match rows.data {
+        RowData::I8(x) => Int8(x.as_ptr()),
+        RowData::U4(x) => {
+            let min = rows.min.expect("int4 codes have minimums");
+            // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
+            return unsafe {
+                int4_weighted_sum(x, (row_scale, min, group), (a, b), hd, weights, stride, heads, out, fold)
+            };
+        }
+        RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
+    };
     // fold: each head's multipliers for each group's row pairs, then their steps, then their
     // minimum terms. A head's groups share one step: one rounding pass per head and block
     // instead of one per group (the products' spread across groups costs a few of the
@@ -283,22 +213,17 @@ pub unsafe fn integer_weighted_sum(
     let (multipliers, rest) = fold.split_at_mut(n * pairs);
     let (steps, biases) = rest.split_at_mut(n);
     let mut w = [0f32; BLOCK_TOKENS];
+    // SAFETY: the CPU has AVX2 and F16C; lengths asserted above.
+    let top_scale = unsafe { largest_f16(&row_scale[..groups * BLOCK_TOKENS]) };
     for h in 0..heads {
-        let row = &weights[h * stride..][..b - a];
-        if b - a == BLOCK_TOKENS {
-            // A whole block: a copy of known length, no call to memmove.
-            w.copy_from_slice(&row[..BLOCK_TOKENS]);
-        } else {
-            // Rows outside a..b weigh nothing: their codes are multiplied by 0.
-            w.fill(0.0);
-            w[a..b].copy_from_slice(row);
-        }
+        block_weights(&weights[h * stride..][..b - a], (a, b), &mut w);
         let i = h * groups;
         // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
         unsafe {
             // The weights once for each group's scales (`[groups][BLOCK_TOKENS]`).
             let scales = &row_scale[..groups * BLOCK_TOKENS];
-            let step = quantize_pairs(&w, scales, &mut multipliers[i * pairs..][..groups * pairs]);
+            let bound = largest_abs(&w) * top_scale;
+            let step = quantize_pairs(&w, scales, &mut multipliers[i * pairs..][..groups * pairs], bound);
             steps[i..i + groups].fill(step);
             for (g, bias) in biases[i..i + groups].iter_mut().enumerate() {
                 *bias = rows.min.map_or(0.0, |min| dot_f16(&w, &min[g * BLOCK_TOKENS..][..BLOCK_TOKENS]));
@@ -310,17 +235,7 @@ pub unsafe fn integer_weighted_sum(
         let i = h * groups;
         let (m, st, bi, o) = (&multipliers[i * pairs..], &steps[i..], &biases[i..], &mut out[h * hd..]);
         // SAFETY (each call): as in `integer_dots`; o holds the next heads' rows of hd.
-        h += unsafe {
-            each_head_group!(rows.data, heads, h, |codes, H| value_sums::<_, H>(
-                codes,
-                (a, b),
-                (hd, group),
-                m,
-                st,
-                bi,
-                o
-            ))
-        };
+        h += unsafe { up_to_four!(heads - h, H, value_sums::<H>(codes, (a, b), (hd, group), m, st, bi, o)) };
     }
 }
 
@@ -328,8 +243,8 @@ pub unsafe fn integer_weighted_sum(
 /// the end of a head_dim that is not a multiple of 16), one lane a channel, over the row pairs
 /// that hold rows of a..b.
 #[inline(always)]
-unsafe fn value_sums<C: Codes, const H: usize>(
-    codes: C,
+unsafe fn value_sums<const H: usize>(
+    codes: Int8,
     (a, b): (usize, usize),
     (hd, group): (usize, usize),
     multipliers: &[f32],
@@ -358,9 +273,7 @@ unsafe fn value_sums<C: Codes, const H: usize>(
                 let step = _mm256_set1_ps(steps[h * groups + g]);
                 let bias = _mm256_set1_ps(biases[h * groups + g]);
                 for (i, acc) in acc.iter().enumerate().take(if wide { 2 } else { 1 }) {
-                    let o = op.add(h * hd + c + i * 8);
-                    let sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*acc), step, _mm256_loadu_ps(o));
-                    _mm256_storeu_ps(o, _mm256_add_ps(sum, bias));
+                    add_sums(*acc, (step, bias), op.add(h * hd + c + i * 8));
                 }
             }
             c += if wide { 16 } else { 8 };
@@ -369,12 +282,73 @@ unsafe fn value_sums<C: Codes, const H: usize>(
     H
 }
 
+/// A block's rows `a..b` of one head's weights (`row`) in place in `w`, the other rows 0:
+/// their codes are multiplied by nothing.
+#[inline(always)]
+pub(super) fn block_weights(row: &[f32], (a, b): (usize, usize), w: &mut [f32; BLOCK_TOKENS]) {
+    if b - a == BLOCK_TOKENS {
+        // A whole block: a copy of known length, no call to memmove.
+        w.copy_from_slice(&row[..BLOCK_TOKENS]);
+    } else {
+        w.fill(0.0);
+        w[a..b].copy_from_slice(row);
+    }
+}
+
+/// A head's scores of rows `a..b` into `out` from its exact sums over the block's rows 0..8
+/// and 8..16: `sum * step + bias`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[inline(always)]
+pub(super) unsafe fn store_scores(
+    acc: &[__m256i; 2],
+    (step, bias): (f32, f32),
+    (a, b): (usize, usize),
+    out: &mut [f32],
+) {
+    let half = BLOCK_TOKENS / 2;
+    // SAFETY: out holds b - a rows; register-only otherwise.
+    unsafe {
+        let (step, bias) = (_mm256_set1_ps(step), _mm256_set1_ps(bias));
+        let score = [
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), step, bias),
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), step, bias),
+        ];
+        if b - a == BLOCK_TOKENS {
+            // A whole block (most of them): straight to the output; a copy of a run whose
+            // length is not known here is a call to memmove.
+            _mm256_storeu_ps(out.as_mut_ptr(), score[0]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(half), score[1]);
+        } else {
+            let mut rows = [0f32; BLOCK_TOKENS];
+            _mm256_storeu_ps(rows.as_mut_ptr(), score[0]);
+            _mm256_storeu_ps(rows.as_mut_ptr().add(half), score[1]);
+            out.copy_from_slice(&rows[a..b]);
+        }
+    }
+}
+
+/// Eight channels' exact sums over a block, scaled, added to a head's output at `o`:
+/// `o += sum * step + bias`.
+///
+/// # Safety
+/// Eight f32 at `o`; the CPU must have AVX2 and FMA.
+#[inline(always)]
+pub(super) unsafe fn add_sums(acc: __m256i, (step, bias): (__m256, __m256), o: *mut f32) {
+    // SAFETY: as the caller says.
+    unsafe {
+        let sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), step, _mm256_loadu_ps(o));
+        _mm256_storeu_ps(o, _mm256_add_ps(sum, bias));
+    }
+}
+
 /// `x . y` with `y` widened from f16 (`x.len()` a multiple of 8), eight lanes then their sum.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C.
 #[inline(always)]
-unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
+pub(super) unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
     assert!(x.len().is_multiple_of(8) && y.len() == x.len());
     // SAFETY (every access): c + 8 <= len inside both.
     unsafe {
@@ -387,40 +361,79 @@ unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
     }
 }
 
-/// `x * scale` (lanes of f32 times f16 scales; `x` repeated as many times as `scale` is
-/// longer, both lengths multiples of 8) rounded to i16 multipliers with one step, stored as
-/// pairs (the even index in the low half) in the bits of `out`'s f32s; returns the step (0 when
-/// every product is 0).
+/// The largest of `x`'s magnitudes (`x.len()` a multiple of 8; NaN lanes are skipped).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+pub(super) unsafe fn largest_abs(x: &[f32]) -> f32 {
+    assert!(x.len().is_multiple_of(8));
+    // SAFETY (every access): c + 8 <= len.
+    unsafe {
+        let mut top = _mm256_setzero_ps();
+        for c in (0..x.len()).step_by(8) {
+            top = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), _mm256_loadu_ps(x.as_ptr().add(c))), top);
+        }
+        hmax(top)
+    }
+}
+
+/// The largest of `x`'s magnitudes, widened from f16 (`x.len()` a multiple of 8).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[inline(always)]
-unsafe fn quantize_pairs(x: &[f32], scale: &[f16], out: &mut [f32]) -> f32 {
+pub(super) unsafe fn largest_f16(x: &[f16]) -> f32 {
+    assert!(x.len().is_multiple_of(8));
+    // SAFETY (every access): c + 8 <= len.
+    unsafe {
+        let mut top = _mm256_setzero_ps();
+        for c in (0..x.len()).step_by(8) {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(c).cast()));
+            top = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), v), top);
+        }
+        hmax(top)
+    }
+}
+
+/// The largest of eight lanes.
+#[inline(always)]
+pub(super) unsafe fn hmax(v: __m256) -> f32 {
+    // SAFETY: register-only; the caller's CPU has AVX.
+    unsafe {
+        let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+}
+
+/// `x * scale` (lanes of f32 times f16 scales; `x` repeated as many times as `scale` is
+/// longer, both lengths multiples of 8) rounded to i16 multipliers with one step, `bound /
+/// MULTIPLIER_MAX`, stored as pairs (the even index in the low half) in the bits of `out`'s
+/// f32s; returns the step (0 when `bound` is 0 or not finite). `bound` is at least every
+/// product's magnitude: the largest `|x|` times the largest scale, known without a pass over
+/// the products (a product below it keeps fewer of the 15 bits).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[inline(always)]
+unsafe fn quantize_pairs(x: &[f32], scale: &[f16], out: &mut [f32], bound: f32) -> f32 {
     let (period, n) = (x.len(), scale.len());
     assert!(period.is_multiple_of(8) && n.is_multiple_of(period) && out.len() == n / 2);
+    if !(bound > 0.0 && bound.is_finite()) {
+        out.fill(0.0);
+        return 0.0;
+    }
     let (xp, sp, op) = (x.as_ptr(), scale.as_ptr(), out.as_mut_ptr());
     // SAFETY (every access): base + c + 8 <= n inside scale, c + 8 <= period inside x (both
     // multiples of 8); (base + c) / 2 + 4 (or + 8) <= n / 2 inside out.
     unsafe {
-        // x[c..c+8] times scale[base + c..+8], `base` a multiple of `period`.
-        let product = |base: usize, c: usize| {
-            _mm256_mul_ps(_mm256_loadu_ps(xp.add(c)), _mm256_cvtph_ps(_mm_loadu_si128(sp.add(base + c).cast())))
+        let inv = _mm256_set1_ps(MULTIPLIER_MAX / bound);
+        // x[c..c+8] times scale[base + c..+8], `base` a multiple of `period`, over the step.
+        let rounded = |base: usize, c: usize| {
+            let s = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(base + c).cast()));
+            _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xp.add(c)), s), inv))
         };
-        let mut largest = _mm256_setzero_ps();
-        for base in (0..n).step_by(period) {
-            for c in (0..period).step_by(8) {
-                largest = _mm256_max_ps(largest, _mm256_andnot_ps(_mm256_set1_ps(-0.0), product(base, c)));
-            }
-        }
-        let m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps::<1>(largest));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let largest = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-        if !(largest > 0.0 && largest.is_finite()) {
-            out.fill(0.0);
-            return 0.0;
-        }
-        let inv = _mm256_set1_ps(MULTIPLIER_MAX / largest);
-        let rounded = |base: usize, c: usize| _mm256_cvtps_epi32(_mm256_mul_ps(product(base, c), inv));
         for base in (0..n).step_by(period) {
             let mut c = 0;
             while c + 16 <= period {
@@ -438,7 +451,7 @@ unsafe fn quantize_pairs(x: &[f32], scale: &[f16], out: &mut [f32]) -> f32 {
                 );
             }
         }
-        largest / MULTIPLIER_MAX
+        bound / MULTIPLIER_MAX
     }
 }
 
@@ -488,7 +501,7 @@ mod tests {
             for c in 0..hd {
                 k8[key8_at(t, c)] = key[t][c] as i8;
                 v8[value8_at(t, c, hd)] = value[t][c] as i8;
-                put(&mut k4, key4_at(t, c), k4_code[t][c]);
+                put(&mut k4, key4_at(t, c, hd), k4_code[t][c]);
                 put(&mut v4, value4_at(t, c, hd), v4_code[t][c]);
             }
         }
@@ -520,6 +533,9 @@ mod tests {
                     &c.key,
                     &c.value,
                     127.0,
+                    (MULTIPLIER_MAX as f64, MULTIPLIER_MAX as f64),
+                    // Int8's step comes from a bound on the products, int4's from the largest.
+                    false,
                 );
                 let int4 = (
                     BlockRows {
@@ -532,8 +548,11 @@ mod tests {
                     &c.k4_code,
                     &c.v4_code,
                     15.0,
+                    // Int4's multipliers are bytes (`attention_int4.rs`).
+                    (127.0, 255.0),
+                    true,
                 );
-                for (keys, values, key, value, largest_code) in [int8, int4] {
+                for (keys, values, key, value, largest_code, (key_max, value_max), exact) in [int8, int4] {
                     let group = values.group;
                     let key_at = |s: usize, ch: usize| {
                         keys.min.map_or(0.0, |m| m[ch].to_f64()) + key[s][ch] as f64 * c.channel[ch].to_f64()
@@ -561,12 +580,17 @@ mod tests {
                             for s in a..b {
                                 let want = (0..hd).map(|ch| qh[ch] as f64 * key_at(s, ch)).sum::<f64>() * 0.125;
                                 let got = scores[h * stride + s - a] as f64;
-                                // Each multiplier is within half a step (1/32767 of the largest) of
+                                // Each multiplier is within half a step (1/key_max of the largest
+                                // product, or of the largest |query| times the largest scale) of
                                 // query times scale, each code within its range; and f32's rounding.
-                                let largest = (0..hd)
-                                    .map(|ch| (qh[ch] as f64 * c.channel[ch].to_f64()).abs())
-                                    .fold(0f64, f64::max);
-                                let bound = 0.125 * 0.5 * largest / 32767.0 * largest_code * hd as f64
+                                let top = |x: &mut dyn Iterator<Item = f64>| x.map(f64::abs).fold(0f64, f64::max);
+                                let scales = || c.channel[..hd].iter().map(|x| x.to_f64());
+                                let largest = if exact {
+                                    top(&mut qh.iter().zip(scales()).map(|(&x, s)| x as f64 * s))
+                                } else {
+                                    top(&mut qh.iter().map(|&x| x as f64)) * top(&mut scales())
+                                };
+                                let bound = 0.125 * 0.5 * largest / key_max * largest_code * hd as f64
                                     + 1e-6 * (0..hd).map(|ch| (qh[ch] as f64 * key_at(s, ch)).abs()).sum::<f64>();
                                 assert!(
                                     (got - want).abs() <= bound,
@@ -586,9 +610,23 @@ mod tests {
                                         w(s) * (c.row[ch / group * BLOCK_TOKENS + s].to_f64() * largest_code + 1.0)
                                     })
                                     .sum();
+                                // Each row's multiplier within half a step: the largest weight times
+                                // scale (or the largest weight times the largest scale) over value_max.
+                                let row_scale = |g: usize, s: usize| c.row[g * BLOCK_TOKENS + s].to_f64();
+                                let top = if exact {
+                                    (0..groups)
+                                        .flat_map(|g| (a..b).map(move |s| (g, s)))
+                                        .map(|(g, s)| w(s) * row_scale(g, s))
+                                        .fold(0f64, f64::max)
+                                } else {
+                                    (a..b).map(w).fold(0f64, f64::max)
+                                        * c.row[..groups * BLOCK_TOKENS].iter().map(|x| x.to_f64()).fold(0f64, f64::max)
+                                };
+                                let step = top / value_max;
+                                let rounding = (b - a) as f64 * 0.5 * step * largest_code;
                                 let got = out[h * hd + ch] as f64;
                                 assert!(
-                                    (got - want).abs() <= 2e-4 * size + 1e-5,
+                                    (got - want).abs() <= rounding + 2e-4 * size + 1e-5,
                                     "values hd {hd} heads {heads} groups {groups} ({a},{b}) h {h} c {ch}: {got} vs {want}"
                                 );
                             }
@@ -606,15 +644,24 @@ mod tests {
         }
         let hd = 64;
         let c = case(hd, 1);
-        let keys = BlockRows { data: RowData::I8(&c.k8), scale: Some(&c.channel), min: None, group: hd };
-        let values = BlockRows { data: RowData::I8(&c.v8), scale: Some(&c.row), min: None, group: hd };
-        let (mut scores, mut out, mut fold) = (vec![1f32; BLOCK_TOKENS], vec![0.5f32; hd], Vec::new());
-        // SAFETY: simd() found AVX2, FMA and F16C.
-        unsafe {
-            integer_dots(&keys, (0, 16), hd, &[0.0; 64], 1, 1.0, &mut scores, 16, &mut fold);
-            integer_weighted_sum(&values, (0, 16), hd, &[0.0; 16], 16, 1, &mut out, &mut fold);
+        let int8 = (
+            BlockRows { data: RowData::I8(&c.k8), scale: Some(&c.channel), min: None, group: hd },
+            BlockRows { data: RowData::I8(&c.v8), scale: Some(&c.row), min: None, group: hd },
+        );
+        let zero = vec![f16::ZERO; hd];
+        let int4 = (
+            BlockRows { data: RowData::U4(&c.k4), scale: Some(&c.channel), min: Some(&zero), group: hd },
+            BlockRows { data: RowData::U4(&c.v4), scale: Some(&c.row), min: Some(&zero[..32]), group: GROUP },
+        );
+        for (keys, values) in [int8, int4] {
+            let (mut scores, mut out, mut fold) = (vec![1f32; BLOCK_TOKENS], vec![0.5f32; hd], Vec::new());
+            // SAFETY: simd() found AVX2, FMA and F16C.
+            unsafe {
+                integer_dots(&keys, (0, 16), hd, &[0.0; 64], 1, 1.0, &mut scores, 16, &mut fold);
+                integer_weighted_sum(&values, (0, 16), hd, &[0.0; 16], 16, 1, &mut out, &mut fold);
+            }
+            assert!(scores.iter().all(|&x| x == 0.0) && out.iter().all(|&x| x == 0.5));
         }
-        assert!(scores.iter().all(|&x| x == 0.0) && out.iter().all(|&x| x == 0.5));
     }
 
     /// Kernel time per block (scores and weighted sum of one KV head read by its 3 query heads,
