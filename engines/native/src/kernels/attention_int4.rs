@@ -1,10 +1,11 @@
 //! AVX2 kernels of attention over int4 blocks of the KV cache, in byte arithmetic.
 //!
 //! The int8 kernels (`attention_integer.rs`) multiply codes widened to i16 by i16 multipliers:
-//! `vpmaddwd`, 16 products an instruction, about what f16 values cost in FMAs. Int4 codes fit
-//! in a byte unsigned (keys, 0..15) and signed (values), so here the other side is made a byte
-//! too: the query times each channel's scale rounded to i8 (keys), a head's softmax weights times
-//! each row's scale rounded to u8 (values, never negative). `vpmaddubsw` multiplies 32 byte
+//! `vpmaddwd`, 16 products an instruction, about what f16 values cost in FMAs. Int4 codes
+//! (0..15) fit a byte, `vpmaddubsw`'s unsigned operand (keys) or its signed one (values), so
+//! here the other side is made a byte too: the query times each channel's scale rounded to i8
+//! (keys), a head's softmax weights times each row's scale rounded to u8 (values, never
+//! negative). `vpmaddubsw` multiplies 32 byte
 //! pairs an instruction and adds neighbours into i16, twice `vpmaddwd`'s products, and the
 //! unpacked nibbles need no widening. One i16 lane holds at most 2 * 15 * 255 = 7,650, so up
 //! to four (values) or eight (keys, 2 * 15 * 127 each) such sums add in i16 before one
@@ -12,9 +13,10 @@
 //! block gets the same bits whatever its tile.
 //!
 //! The multipliers keep 7 (keys) or 8 (values) bits against the codes' 4: their step is the
-//! largest `|query|` times the largest scale over 127 (or the largest weight times the largest
-//! scale over 255), one step per head and block. That is the query rounding llama.cpp's CPU
-//! attention makes over quantized keys (q8_0); `kv-eval` measures what it costs.
+//! largest product's magnitude (query times scale, or weight times scale) over 127 (or 255),
+//! one step per head and block. That is the kind of query rounding llama.cpp's CPU attention
+//! makes over quantized keys (q8_0). What it costs, measured with `kv-eval`: 8-13% more mean
+//! KLD than i16 multipliers at int4 (`bench/RESULTS.md`).
 //!
 //! Layouts (`kv_levels.rs`): keys in channel quads over the rows (`key4_at`), so a 32-bit lane
 //! of the unpacked codes is one row's four channels and each of a register's eight lanes ends
