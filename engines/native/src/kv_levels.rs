@@ -399,8 +399,8 @@ pub(crate) fn value8_at(t: usize, c: usize, hd: usize) -> usize {
 /// high nibble): channel quads over the rows, 32 bytes a quad, row `t % 8`'s four channels in
 /// bytes `(t % 8) * 4..+4`, rows 0..8 in the low nibbles and rows 8..16 in the high ones. One
 /// 32-byte load, a mask and a shift then give two registers whose 32-bit lanes are one row's
-/// four channels each: what a byte multiply-add sums (`attention_integer.rs`). A head_dim that
-/// is not a multiple of 4 ends with a quad of two channels, two bytes a row.
+/// four channels each: what a byte multiply-add sums (`kernels/attention_int4.rs`). A
+/// head_dim that is not a multiple of 4 ends with a quad of two channels, two bytes a row.
 pub(crate) fn key4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
     let (half, quad) = (BLOCK_TOKENS / 2, c - c % 4);
     let width = (hd - quad).min(4);
@@ -408,10 +408,10 @@ pub(crate) fn key4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
 }
 
 /// Where int4 value code (row `t`, channel `c`) lies: row quads over the channels, `2 *
-/// head_dim` bytes a quad, in chunks of 16 channels (8 at the end of a head_dim that is not a
-/// multiple of 16) whose channels' four rows take four bytes each: the chunk's first half of
-/// channels in the low nibbles, its second half in the high ones. A 32-bit lane of the
-/// unpacked codes is then one channel's four rows.
+/// head_dim` bytes a quad, in chunks of 16 channels (fewer at the end of a head_dim that is
+/// not a multiple of 16) whose channels' four rows take four bytes each: the chunk's first
+/// half of channels in the low nibbles, its second half in the high ones. A 32-bit lane of
+/// the unpacked codes is then one channel's four rows.
 pub(crate) fn value4_at(t: usize, c: usize, hd: usize) -> (usize, bool) {
     let c0 = c - c % 16;
     let half = (hd - c0).min(16) / 2;
