@@ -366,7 +366,7 @@ pub(super) unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
 /// # Safety
 /// The CPU must have AVX2.
 #[inline(always)]
-pub(super) unsafe fn largest_abs(x: &[f32]) -> f32 {
+unsafe fn largest_abs(x: &[f32]) -> f32 {
     assert!(x.len().is_multiple_of(8));
     // SAFETY (every access): c + 8 <= len.
     unsafe {
@@ -383,7 +383,7 @@ pub(super) unsafe fn largest_abs(x: &[f32]) -> f32 {
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[inline(always)]
-pub(super) unsafe fn largest_f16(x: &[f16]) -> f32 {
+unsafe fn largest_f16(x: &[f16]) -> f32 {
     assert!(x.len().is_multiple_of(8));
     // SAFETY (every access): c + 8 <= len.
     unsafe {
