@@ -18,12 +18,18 @@
 //! makes over quantized keys (q8_0). What it costs, measured with `kv-eval`: 8-13% more mean
 //! KLD than i16 multipliers at int4 (`bench/RESULTS.md`).
 //!
+//! On a decoding token that setup (the products, their largest, the minimum terms) costs more
+//! than the codes' arithmetic, so it runs in two passes shared as far as they can be: the
+//! first takes up to four heads at once, widening each scale and minimum once for them and
+//! keeping the products; the second rounds each head's kept products.
+//!
 //! Layouts (`kv_levels.rs`): keys in channel quads over the rows (`key4_at`), so a 32-bit lane
 //! of the unpacked codes is one row's four channels and each of a register's eight lanes ends
 //! with one row's score; values in row quads over the channels (`value4_at`), a lane one
 //! channel's four rows, each lane ending with one channel's sum. No horizontal sums.
 
-use super::attention_integer::{add_sums, block_weights, dot_f16, hmax, store_scores};
+use super::attention_integer::{add_sums, block_weights, hmax, scratch, store_scores};
+use super::avx2::hsum;
 use crate::kv_cache::BLOCK_TOKENS;
 use half::f16;
 use std::arch::x86_64::*;
@@ -57,19 +63,27 @@ pub(super) unsafe fn int4_dots(
     fold: &mut Vec<f32>,
 ) {
     // fold: each head's multipliers (four i8 in each f32's bits, one channel quad), then its
-    // step times `scale`, then its minimum term times `scale`.
+    // step times `scale`, then its minimum term times `scale`, then its products.
     let quads = hd / 4;
-    fold.resize(heads * (quads + 2), 0.0);
-    let (multipliers, rest) = fold.split_at_mut(heads * quads);
-    let (steps, biases) = rest.split_at_mut(heads);
+    let (multipliers, rest) = scratch(fold, heads * (quads + 2 + hd)).split_at_mut(heads * quads);
+    let (steps, rest) = rest.split_at_mut(heads);
+    let (biases, products) = rest.split_at_mut(heads);
+    // The products and minimum terms of up to four heads in one pass, each channel's scale and
+    // minimum widened once for all of them; `steps` holds each head's largest product until
+    // the heads' multipliers are rounded.
+    let mut h = 0;
+    while h < heads {
+        let (qh, p, t, bi) = (&q[h * hd..], &mut products[h * hd..], &mut steps[h..], &mut biases[h..]);
+        // SAFETY: the CPU has AVX2, FMA and F16C; the next heads' rows lie in qh and p.
+        h += unsafe { up_to_four!(heads - h, H, key_products::<H>(qh, (channel_scale, min), hd, p, t, bi)) };
+    }
     for h in 0..heads {
-        let qh = &q[h * hd..][..hd];
-        // SAFETY (every call): the CPU has AVX2, FMA and F16C; lengths as the caller says.
-        unsafe {
-            let m = &mut multipliers[h * quads..][..quads];
-            steps[h] = round_to_bytes::<true>(qh, &channel_scale[..hd], m) * scale;
-            biases[h] = dot_f16(qh, &min[..hd]) * scale;
-        }
+        // SAFETY: the CPU has AVX2; a head's hd products and quads multipliers.
+        let step = unsafe {
+            round_products::<true>(&products[h * hd..][..hd], steps[h], &mut multipliers[h * quads..][..quads])
+        };
+        steps[h] = step * scale;
+        biases[h] *= scale;
     }
     let mut h = 0;
     while h < heads {
@@ -148,33 +162,33 @@ pub(super) unsafe fn int4_weighted_sum(
     fold: &mut Vec<f32>,
 ) {
     // fold: each head's multipliers for each group's row quads (four u8 in each f32's bits),
-    // then their steps (one a head), then their minimum terms, then room for one head's
-    // weights once for each group's scales, as `row_scale` lies.
+    // then their steps (one a head), then their minimum terms, then each head's products.
     let groups = hd.div_ceil(group);
-    let n = heads * groups;
-    fold.resize(n * (ROW_QUADS + 2) + groups * BLOCK_TOKENS, 0.0);
-    let (multipliers, rest) = fold.split_at_mut(n * ROW_QUADS);
+    let (n, span) = (heads * groups, groups * BLOCK_TOKENS);
+    let (multipliers, rest) = scratch(fold, n * (ROW_QUADS + 2) + heads * span).split_at_mut(n * ROW_QUADS);
     let (steps, rest) = rest.split_at_mut(n);
-    let (biases, each) = rest.split_at_mut(n);
-    let scales = &row_scale[..groups * BLOCK_TOKENS];
+    let (biases, products) = rest.split_at_mut(n);
+    let layout = (&row_scale[..span], &min[..span], groups);
+    // As in `int4_dots`: up to four heads in one pass; each head's first step holds its
+    // largest product until its multipliers are rounded.
+    let mut h = 0;
+    while h < heads {
+        let (w, i) = (&weights[h * stride..], h * groups);
+        let (p, t, bi) = (&mut products[h * span..], &mut steps[i..], &mut biases[i..]);
+        // SAFETY: the CPU has AVX2, FMA and F16C; the next heads' rows lie in w and p.
+        h += unsafe { up_to_four!(heads - h, H, value_products::<H>((w, stride), (a, b), layout, p, t, bi)) };
+    }
     for h in 0..heads {
-        let row = &weights[h * stride..][..b - a];
-        let (w, rest) = each.split_at_mut(BLOCK_TOKENS);
-        let w: &mut [f32; BLOCK_TOKENS] = w.try_into().expect("a block's rows");
-        block_weights(row, (a, b), w);
-        for copy in rest.chunks_exact_mut(BLOCK_TOKENS) {
-            copy.copy_from_slice(w);
-        }
-        let w = &each[..BLOCK_TOKENS];
         let i = h * groups;
-        // SAFETY (every call): the CPU has AVX2, FMA and F16C; lengths as the caller says.
-        unsafe {
-            let step = round_to_bytes::<false>(each, scales, &mut multipliers[i * ROW_QUADS..][..groups * ROW_QUADS]);
-            steps[i..i + groups].fill(step);
-            for (g, bias) in biases[i..i + groups].iter_mut().enumerate() {
-                *bias = dot_f16(w, &min[g * BLOCK_TOKENS..][..BLOCK_TOKENS]);
-            }
-        }
+        // SAFETY: the CPU has AVX2; a head's span products and groups * ROW_QUADS multipliers.
+        let step = unsafe {
+            round_products::<false>(
+                &products[h * span..][..span],
+                steps[i],
+                &mut multipliers[i * ROW_QUADS..][..span / 4],
+            )
+        };
+        steps[i..i + groups].fill(step);
     }
     let mut h = 0;
     while h < heads {
@@ -241,40 +255,140 @@ unsafe fn value_sums<const H: usize>(
     H
 }
 
-/// `x * scale` (lanes of f32 times f16 scales, both of a length that is a multiple of 8)
-/// rounded to byte multipliers with one step, the largest
-/// product's magnitude over MAX (127 and i8 when `SIGNED`, else 255 and u8), stored in order,
-/// four in the bits of each of `out`'s f32s; returns the step (0 when every product is 0).
+/// Pass one of [`int4_dots`]' setup for `H` heads (rows of `hd` in `q`): each head's products
+/// `q * scale` into its row of `products`, its largest product's magnitude into `tops[h]`
+/// (NaN lanes skipped) and its minimum term `q . min` into `biases[h]`; returns `H`.
 ///
 /// # Safety
-/// The CPU must have AVX2 and F16C.
+/// The CPU must have AVX2, FMA and F16C; `hd` a multiple of 8.
 #[inline(always)]
-unsafe fn round_to_bytes<const SIGNED: bool>(x: &[f32], scale: &[f16], out: &mut [f32]) -> f32 {
-    let n = scale.len();
-    assert!(n.is_multiple_of(8) && x.len() == n && out.len() == n / 4);
-    let (xp, sp, op) = (x.as_ptr(), scale.as_ptr(), out.as_mut_ptr().cast::<u8>());
-    // SAFETY (every access): i + 8 <= n inside x and scale; i + 32 <= n bytes inside out,
-    // which holds n.
+unsafe fn key_products<const H: usize>(
+    q: &[f32],
+    (scale, min): (&[f16], &[f16]),
+    hd: usize,
+    products: &mut [f32],
+    tops: &mut [f32],
+    biases: &mut [f32],
+) -> usize {
+    assert!(q.len() >= H * hd && products.len() >= H * hd && scale.len() >= hd && min.len() >= hd);
+    assert!(tops.len() >= H && biases.len() >= H);
+    let (qp, pp) = (q.as_ptr(), products.as_mut_ptr());
+    // SAFETY (every access): c + 8 <= hd inside scale and min, h * hd + c + 8 inside q and
+    // products (asserted).
     unsafe {
-        // The largest product, exactly: with 7 or 8 bits a step from a bound (the largest
-        // |x| times the largest scale) left the other channels of a head with an outlier
-        // channel too few of them (Qwen2.5's mean KLD at int4 went from 2.2e-3 to 6.3e-3).
-        let mut top = _mm256_setzero_ps();
-        for i in (0..n).step_by(8) {
-            top = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), product8(xp.add(i), sp.add(i))), top);
+        let sign = _mm256_set1_ps(-0.0);
+        let (mut top, mut acc) = ([_mm256_setzero_ps(); H], [_mm256_setzero_ps(); H]);
+        for c in (0..hd).step_by(8) {
+            let s = _mm256_cvtph_ps(_mm_loadu_si128(scale.as_ptr().add(c).cast()));
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(min.as_ptr().add(c).cast()));
+            for h in 0..H {
+                let x = _mm256_loadu_ps(qp.add(h * hd + c));
+                let p = _mm256_mul_ps(x, s);
+                _mm256_storeu_ps(pp.add(h * hd + c), p);
+                top[h] = _mm256_max_ps(_mm256_andnot_ps(sign, p), top[h]);
+                acc[h] = _mm256_fmadd_ps(x, m, acc[h]);
+            }
         }
-        let top = hmax(top);
-        if !(top > 0.0 && top.is_finite()) {
-            out.fill(0.0);
-            return 0.0;
+        for h in 0..H {
+            tops[h] = hmax(top[h]);
+            biases[h] = hsum(acc[h]);
         }
+    }
+    H
+}
+
+/// Pass one of [`int4_weighted_sum`]'s setup for `H` heads (rows `a..b` of each head's
+/// weights at `stride`): each head's products `weight * scale` for every group's rows
+/// (`[groups][BLOCK_TOKENS]`, as `scale` lies) into its row of `groups * BLOCK_TOKENS` in
+/// `products`, its largest product's magnitude into `tops[h * groups]` (NaN lanes skipped),
+/// and its minimum terms `weights . min[g]` into `biases[h * groups + g]`; returns `H`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn value_products<const H: usize>(
+    (weights, stride): (&[f32], usize),
+    (a, b): (usize, usize),
+    (scale, min, groups): (&[f16], &[f16], usize),
+    products: &mut [f32],
+    tops: &mut [f32],
+    biases: &mut [f32],
+) -> usize {
+    let span = groups * BLOCK_TOKENS;
+    assert!(scale.len() >= span && min.len() >= span && products.len() >= H * span);
+    assert!(tops.len() >= H * groups && biases.len() >= H * groups);
+    // A whole block's weights (all but a sequence's last block) are read where they lie; a
+    // part of one is copied into place with zeros around it.
+    let mut part = [[0f32; BLOCK_TOKENS]; H];
+    let w: [*const f32; H] = std::array::from_fn(|h| {
+        let row = &weights[h * stride..][..b - a];
+        if b - a == BLOCK_TOKENS {
+            row.as_ptr()
+        } else {
+            block_weights(row, (a, b), &mut part[h]);
+            part[h].as_ptr()
+        }
+    });
+    let pp = products.as_mut_ptr();
+    // SAFETY (every access): g * BLOCK_TOKENS + r + 8 <= span inside scale and min,
+    // h * span + that inside products (asserted), r + 8 <= BLOCK_TOKENS inside w[h].
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut top = [_mm256_setzero_ps(); H];
+        for g in 0..groups {
+            let mut acc = [_mm256_setzero_ps(); H];
+            for r in (0..BLOCK_TOKENS).step_by(8) {
+                let at = g * BLOCK_TOKENS + r;
+                let s = _mm256_cvtph_ps(_mm_loadu_si128(scale.as_ptr().add(at).cast()));
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(min.as_ptr().add(at).cast()));
+                for h in 0..H {
+                    let x = _mm256_loadu_ps(w[h].add(r));
+                    let p = _mm256_mul_ps(x, s);
+                    _mm256_storeu_ps(pp.add(h * span + at), p);
+                    top[h] = _mm256_max_ps(_mm256_andnot_ps(sign, p), top[h]);
+                    acc[h] = _mm256_fmadd_ps(x, m, acc[h]);
+                }
+            }
+            for h in 0..H {
+                biases[h * groups + g] = hsum(acc[h]);
+            }
+        }
+        for h in 0..H {
+            tops[h * groups] = hmax(top[h]);
+        }
+    }
+    H
+}
+
+/// `products` (a length that is a multiple of 8) rounded to byte multipliers with one step,
+/// `top` (their largest magnitude) over MAX (127 and i8 when `SIGNED`, else 255 and u8),
+/// stored in order, four in the bits of each of `out`'s f32s; returns the step (0 when `top`
+/// is 0 or not finite).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+unsafe fn round_products<const SIGNED: bool>(products: &[f32], top: f32, out: &mut [f32]) -> f32 {
+    let n = products.len();
+    assert!(n.is_multiple_of(8) && out.len() == n / 4);
+    // The step is the largest product, exactly: with 7 or 8 bits a step from a bound (the
+    // largest |x| times the largest scale) left the other channels of a head with an outlier
+    // channel too few of them (Qwen2.5's mean KLD at int4 went from 2.2e-3 to 6.3e-3).
+    if !(top > 0.0 && top.is_finite()) {
+        out.fill(0.0);
+        return 0.0;
+    }
+    let (pp, op) = (products.as_ptr(), out.as_mut_ptr().cast::<u8>());
+    // SAFETY (every access): i + 8 <= n inside products; i + 32 <= n bytes inside out, which
+    // holds n.
+    unsafe {
         let max = if SIGNED { KEY_MULTIPLIER_MAX } else { VALUE_MULTIPLIER_MAX };
         let inv = _mm256_set1_ps(max / top);
         // Products i..i+8 over the step, rounded. A macro, not a closure: closures do not
         // inherit the caller's target features, and an intrinsic called from one is a call.
         macro_rules! rounded {
             ($i:expr) => {
-                _mm256_cvtps_epi32(_mm256_mul_ps(product8(xp.add($i), sp.add($i)), inv))
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pp.add($i)), inv))
             };
         }
         let mut i = 0;
@@ -290,22 +404,12 @@ unsafe fn round_to_bytes<const SIGNED: bool>(x: &[f32], scale: &[f16], out: &mut
             i += 32;
         }
         // The rest (a head_dim or a group count that is not a multiple of 32), one at a time
-        // with the same f32 operations and rounding (to nearest, ties to even).
+        // with the same f32 operation and rounding (to nearest, ties to even).
         let inv = max / top;
-        for i in i..n {
-            let r = (x[i] * scale[i].to_f32() * inv).round_ties_even();
+        for (i, &p) in products.iter().enumerate().skip(i) {
+            let r = (p * inv).round_ties_even();
             *op.add(i) = if SIGNED { r.clamp(-max, max) as i8 as u8 } else { r.clamp(0.0, max) as u8 };
         }
         top / max
     }
-}
-
-/// `x[..8] * scale[..8]`.
-///
-/// # Safety
-/// Eight values at each pointer; the CPU must have AVX2 and F16C.
-#[inline(always)]
-unsafe fn product8(x: *const f32, scale: *const f16) -> __m256 {
-    // SAFETY: as the caller says.
-    unsafe { _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_cvtph_ps(_mm_loadu_si128(scale.cast()))) }
 }

@@ -19,7 +19,6 @@
 //! one channel's sum (values): no horizontal sums.
 
 use super::attention_int4::{int4_dots, int4_weighted_sum};
-use super::avx2::hsum;
 use crate::kv_cache::BLOCK_TOKENS;
 use crate::kv_levels::{BlockRows, RowData};
 use half::f16;
@@ -92,7 +91,8 @@ pub unsafe fn integer_dots(
         return;
     }
     let codes = match rows.data {
-        RowData::I8(x) => Int8(x.as_ptr()),
+        RowData::I8(x) if rows.min.is_none() => Int8(x.as_ptr()),
+        RowData::I8(_) => unreachable!("int8 codes have no minimums"),
         RowData::U4(x) => {
             let min = rows.min.expect("int4 codes have minimums");
             // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
@@ -101,11 +101,9 @@ pub unsafe fn integer_dots(
         RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
     };
     // fold: each head's multipliers (a pair of i16 in each f32's bits), then its step times
-    // `scale`, then its minimum term times `scale`.
+    // `scale`.
     let pairs = hd / 2;
-    fold.resize(heads * (pairs + 2), 0.0);
-    let (multipliers, rest) = fold.split_at_mut(heads * pairs);
-    let (steps, biases) = rest.split_at_mut(heads);
+    let (multipliers, steps) = scratch(fold, heads * (pairs + 1)).split_at_mut(heads * pairs);
     // SAFETY: the CPU has AVX2 and F16C; lengths asserted above.
     let top_scale = unsafe { largest_f16(&channel_scale[..hd]) };
     for h in 0..heads {
@@ -114,16 +112,14 @@ pub unsafe fn integer_dots(
         unsafe {
             let bound = largest_abs(qh) * top_scale;
             steps[h] = quantize_pairs(qh, &channel_scale[..hd], &mut multipliers[h * pairs..][..pairs], bound) * scale;
-            biases[h] = rows.min.map_or(0.0, |min| dot_f16(qh, &min[..hd]) * scale);
         }
     }
     let mut h = 0;
     while h < heads {
-        let (m, st, bi, o) = (&multipliers[h * pairs..], &steps[h..], &biases[h..], &mut out[h * stride..]);
-        // SAFETY (each call): the block holds `pairs` channel pairs of BLOCK_TOKENS rows, m, st
-        // and bi the next heads' multipliers, steps and minimum terms, and o their rows a..b
-        // (asserted above).
-        h += unsafe { up_to_four!(heads - h, H, key_dots::<H>(codes, (a, b), pairs, m, st, bi, o, stride)) };
+        let (m, st, o) = (&multipliers[h * pairs..], &steps[h..], &mut out[h * stride..]);
+        // SAFETY (each call): the block holds `pairs` channel pairs of BLOCK_TOKENS rows, m and
+        // st the next heads' multipliers and steps, and o their rows a..b (asserted above).
+        h += unsafe { up_to_four!(heads - h, H, key_dots::<H>(codes, (a, b), pairs, m, st, o, stride)) };
     }
 }
 
@@ -136,7 +132,6 @@ unsafe fn key_dots<const H: usize>(
     pairs: usize,
     multipliers: &[f32],
     steps: &[f32],
-    biases: &[f32],
     out: &mut [f32],
     stride: usize,
 ) -> usize {
@@ -154,7 +149,7 @@ unsafe fn key_dots<const H: usize>(
             }
         }
         for (h, acc) in acc.iter().enumerate() {
-            store_scores(acc, (steps[h], biases[h]), (a, b), &mut out[h * stride..][..b - a]);
+            store_scores(acc, (steps[h], 0.0), (a, b), &mut out[h * stride..][..b - a]);
         }
     }
     H
@@ -193,7 +188,8 @@ pub unsafe fn integer_weighted_sum(
         return;
     }
     let codes = match rows.data {
-        RowData::I8(x) => Int8(x.as_ptr()),
+        RowData::I8(x) if group == hd && rows.min.is_none() => Int8(x.as_ptr()),
+        RowData::I8(_) => unreachable!("int8 values have one group and no minimums"),
         RowData::U4(x) => {
             let min = rows.min.expect("int4 codes have minimums");
             // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
@@ -203,39 +199,26 @@ pub unsafe fn integer_weighted_sum(
         }
         RowData::F16(_) | RowData::F32(_) => unreachable!("only codes take the integer kernels"),
     };
-    // fold: each head's multipliers for each group's row pairs, then their steps, then their
-    // minimum terms. A head's groups share one step: one rounding pass per head and block
-    // instead of one per group (the products' spread across groups costs a few of the
-    // multipliers' 15 bits, still far more than the codes' 4).
+    // fold: each head's multipliers for the block's row pairs, then their steps.
     let pairs = BLOCK_TOKENS / 2;
-    let n = heads * groups;
-    fold.resize(n * (pairs + 2), 0.0);
-    let (multipliers, rest) = fold.split_at_mut(n * pairs);
-    let (steps, biases) = rest.split_at_mut(n);
+    let (multipliers, steps) = scratch(fold, heads * (pairs + 1)).split_at_mut(heads * pairs);
     let mut w = [0f32; BLOCK_TOKENS];
+    let scales = &row_scale[..BLOCK_TOKENS];
     // SAFETY: the CPU has AVX2 and F16C; lengths asserted above.
-    let top_scale = unsafe { largest_f16(&row_scale[..groups * BLOCK_TOKENS]) };
+    let top_scale = unsafe { largest_f16(scales) };
     for h in 0..heads {
         block_weights(&weights[h * stride..][..b - a], (a, b), &mut w);
-        let i = h * groups;
         // SAFETY: the CPU has AVX2, FMA and F16C; lengths asserted above.
         unsafe {
-            // The weights once for each group's scales (`[groups][BLOCK_TOKENS]`).
-            let scales = &row_scale[..groups * BLOCK_TOKENS];
             let bound = largest_abs(&w) * top_scale;
-            let step = quantize_pairs(&w, scales, &mut multipliers[i * pairs..][..groups * pairs], bound);
-            steps[i..i + groups].fill(step);
-            for (g, bias) in biases[i..i + groups].iter_mut().enumerate() {
-                *bias = rows.min.map_or(0.0, |min| dot_f16(&w, &min[g * BLOCK_TOKENS..][..BLOCK_TOKENS]));
-            }
+            steps[h] = quantize_pairs(&w, scales, &mut multipliers[h * pairs..][..pairs], bound);
         }
     }
     let mut h = 0;
     while h < heads {
-        let i = h * groups;
-        let (m, st, bi, o) = (&multipliers[i * pairs..], &steps[i..], &biases[i..], &mut out[h * hd..]);
+        let (m, st, o) = (&multipliers[h * pairs..], &steps[h..], &mut out[h * hd..]);
         // SAFETY (each call): as in `integer_dots`; o holds the next heads' rows of hd.
-        h += unsafe { up_to_four!(heads - h, H, value_sums::<H>(codes, (a, b), (hd, group), m, st, bi, o)) };
+        h += unsafe { up_to_four!(heads - h, H, value_sums::<H>(codes, (a, b), hd, m, st, o)) };
     }
 }
 
@@ -246,40 +229,49 @@ pub unsafe fn integer_weighted_sum(
 unsafe fn value_sums<const H: usize>(
     codes: Int8,
     (a, b): (usize, usize),
-    (hd, group): (usize, usize),
+    hd: usize,
     multipliers: &[f32],
     steps: &[f32],
-    biases: &[f32],
     out: &mut [f32],
 ) -> usize {
-    let (pairs, groups) = (BLOCK_TOKENS / 2, hd.div_ceil(group));
+    let pairs = BLOCK_TOKENS / 2;
     let (mp, op) = (multipliers.as_ptr(), out.as_mut_ptr());
-    // SAFETY (every access): head h's multipliers for group g at (h * groups + g) * pairs + j,
-    // its outputs at h * hd + c..+16 (or +8); the codes as the caller says.
+    // SAFETY (every access): head h's multipliers at h * pairs + j, its outputs at h * hd +
+    // c..+16 (or +8); the codes as the caller says.
     unsafe {
-        let mut c = 0;
+        let (zero, mut c) = (_mm256_setzero_ps(), 0);
         while c < hd {
-            let (wide, g) = (c + 16 <= hd, c / group);
+            let wide = c + 16 <= hd;
             let mut acc = [[_mm256_setzero_si256(); 2]; H];
             for j in a / 2..b.div_ceil(2) {
                 let x = codes.value_channels(j, c, hd, wide);
                 for (h, acc) in acc.iter_mut().enumerate() {
-                    let m = _mm256_castps_si256(_mm256_broadcast_ss(&*mp.add((h * groups + g) * pairs + j)));
+                    let m = _mm256_castps_si256(_mm256_broadcast_ss(&*mp.add(h * pairs + j)));
                     acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(x[0], m));
                     acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(x[1], m));
                 }
             }
             for (h, acc) in acc.iter().enumerate() {
-                let step = _mm256_set1_ps(steps[h * groups + g]);
-                let bias = _mm256_set1_ps(biases[h * groups + g]);
+                let step = _mm256_set1_ps(steps[h]);
                 for (i, acc) in acc.iter().enumerate().take(if wide { 2 } else { 1 }) {
-                    add_sums(*acc, (step, bias), op.add(h * hd + c + i * 8));
+                    add_sums(*acc, (step, zero), op.add(h * hd + c + i * 8));
                 }
             }
             c += if wide { 16 } else { 8 };
         }
     }
     H
+}
+
+/// The first `len` values of `fold`, which only grows: the kernels write every value they read,
+/// and shrinking it between a block's scores and its weighted sum cost a memset a block (3% of
+/// the kernels' time).
+#[inline(always)]
+pub(super) fn scratch(fold: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if fold.len() < len {
+        fold.resize(len, 0.0);
+    }
+    &mut fold[..len]
 }
 
 /// A block's rows `a..b` of one head's weights (`row`) in place in `w`, the other rows 0:
@@ -343,24 +335,6 @@ pub(super) unsafe fn add_sums(acc: __m256i, (step, bias): (__m256, __m256), o: *
     }
 }
 
-/// `x . y` with `y` widened from f16 (`x.len()` a multiple of 8), eight lanes then their sum.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C.
-#[inline(always)]
-pub(super) unsafe fn dot_f16(x: &[f32], y: &[f16]) -> f32 {
-    assert!(x.len().is_multiple_of(8) && y.len() == x.len());
-    // SAFETY (every access): c + 8 <= len inside both.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for c in (0..x.len()).step_by(8) {
-            let yv = _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr().add(c).cast()));
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c)), yv, acc);
-        }
-        hsum(acc)
-    }
-}
-
 /// The largest of `x`'s magnitudes (`x.len()` a multiple of 8; NaN lanes are skipped).
 ///
 /// # Safety
@@ -407,49 +381,46 @@ pub(super) unsafe fn hmax(v: __m256) -> f32 {
     }
 }
 
-/// `x * scale` (lanes of f32 times f16 scales; `x` repeated as many times as `scale` is
-/// longer, both lengths multiples of 8) rounded to i16 multipliers with one step, `bound /
-/// MULTIPLIER_MAX`, stored as pairs (the even index in the low half) in the bits of `out`'s
-/// f32s; returns the step (0 when `bound` is 0 or not finite). `bound` is at least every
-/// product's magnitude: the largest `|x|` times the largest scale, known without a pass over
-/// the products (a product below it keeps fewer of the 15 bits).
+/// `x * scale` (lanes of f32 times f16 scales, of one length, a multiple of 8) rounded to i16
+/// multipliers with one step, `bound / MULTIPLIER_MAX`, stored as pairs (the even index in the
+/// low half) in the bits of `out`'s f32s; returns the step (0 when `bound` is 0 or not finite).
+/// `bound` is at least every product's magnitude: the largest `|x|` times the largest scale,
+/// known without a pass over the products (a product below it keeps fewer of the 15 bits).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[inline(always)]
 unsafe fn quantize_pairs(x: &[f32], scale: &[f16], out: &mut [f32], bound: f32) -> f32 {
-    let (period, n) = (x.len(), scale.len());
-    assert!(period.is_multiple_of(8) && n.is_multiple_of(period) && out.len() == n / 2);
+    let n = x.len();
+    assert!(n.is_multiple_of(8) && scale.len() == n && out.len() == n / 2);
     if !(bound > 0.0 && bound.is_finite()) {
         out.fill(0.0);
         return 0.0;
     }
     let (xp, sp, op) = (x.as_ptr(), scale.as_ptr(), out.as_mut_ptr());
-    // SAFETY (every access): base + c + 8 <= n inside scale, c + 8 <= period inside x (both
-    // multiples of 8); (base + c) / 2 + 4 (or + 8) <= n / 2 inside out.
+    // SAFETY (every access): c + 8 <= n inside x and scale; c / 2 + 4 (or + 8) <= n / 2
+    // inside out.
     unsafe {
         let inv = _mm256_set1_ps(MULTIPLIER_MAX / bound);
-        // x[c..c+8] times scale[base + c..+8], `base` a multiple of `period`, over the step.
-        let rounded = |base: usize, c: usize| {
-            let s = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(base + c).cast()));
+        // x[c..c+8] times scale[c..c+8] over the step.
+        let rounded = |c: usize| {
+            let s = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(c).cast()));
             _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xp.add(c)), s), inv))
         };
-        for base in (0..n).step_by(period) {
-            let mut c = 0;
-            while c + 16 <= period {
-                // packs works within 128-bit lanes: [c..c+4, c+8..c+12 | c+4..c+8, c+12..c+16];
-                // the permute puts the channels back in order.
-                let packed = _mm256_packs_epi32(rounded(base, c), rounded(base, c + 8));
-                _mm256_storeu_si256(op.add((base + c) / 2).cast(), _mm256_permute4x64_epi64::<0b11_01_10_00>(packed));
-                c += 16;
-            }
-            if c < period {
-                let r = rounded(base, c);
-                _mm_storeu_si128(
-                    op.add((base + c) / 2).cast(),
-                    _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r)),
-                );
-            }
+        let mut c = 0;
+        while c + 16 <= n {
+            // packs works within 128-bit lanes: [c..c+4, c+8..c+12 | c+4..c+8, c+12..c+16];
+            // the permute puts the channels back in order.
+            let packed = _mm256_packs_epi32(rounded(c), rounded(c + 8));
+            _mm256_storeu_si256(op.add(c / 2).cast(), _mm256_permute4x64_epi64::<0b11_01_10_00>(packed));
+            c += 16;
+        }
+        if c < n {
+            let r = rounded(c);
+            _mm_storeu_si128(
+                op.add(c / 2).cast(),
+                _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r)),
+            );
         }
         bound / MULTIPLIER_MAX
     }
