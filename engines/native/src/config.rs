@@ -153,6 +153,10 @@ pub struct ModelConfig {
     /// AVX-512 BF16 (`kernels::linear`). Not from config.json: `read` turns it on, and the
     /// engine's `bf16_products` setting may turn it off.
     pub bf16_products: bool,
+    /// Whether those products run on AMX tiles from `GEMM_MIN_ROWS` inputs on where the CPU
+    /// has AMX (`kernels::amx_bf16`). Not from config.json either: the engine's `amx_products`
+    /// setting may turn it off.
+    pub amx_products: bool,
 }
 
 /// A mixture-of-experts MLP: each token runs `top_k` of `count` experts.
@@ -358,6 +362,7 @@ impl ModelConfig {
             final_logit_softcap,
             experts,
             bf16_products: true,
+            amx_products: true,
         })
     }
 }

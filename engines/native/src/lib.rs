@@ -349,6 +349,9 @@ impl Engine for NativeEngine {
         // bf16 weights multiply inputs rounded to bf16 where the CPU has AVX-512 BF16, as
         // llama.cpp does (about twice the f32 kernels' speed); `bf16_products: false` keeps f32.
         config.bf16_products = self.flag(&desc, "bf16_products", true)?;
+        // From 64 input rows on (prefill chunks), those products run on AMX tiles where the CPU
+        // has them; `amx_products: false` keeps the dot kernels at every batch size.
+        config.amx_products = self.flag(&desc, "amx_products", true)?;
         let checkpoint = Checkpoint::open(&desc.primary_file).map_err(corrupt)?;
         let tokenizer = Arc::new(
             ModelTokenizer::load(&desc.model_dir, config.vocab, &config.eos, config.bos)

@@ -64,7 +64,7 @@ pub(crate) fn linear(
 ) -> Result<Linear, CheckpointError> {
     let w = ck.get(&format!("{name}.weight"), &[rows, cols])?;
     let b = if bias { Some(ck.get(&format!("{name}.bias"), &[rows])?.to_f32()) } else { None };
-    Ok(Linear::new(w, b, c.bf16_products))
+    Ok(Linear::new(w, b, c.bf16_products, c.amx_products))
 }
 
 /// The embedding rows of the batch's tokens into `x` (`tokens x d`).

@@ -3,7 +3,9 @@
 //!
 //! Where the CPU has AVX-512 BF16, a bf16 weight multiplies the inputs rounded to bf16
 //! (`avx512_bf16.rs`) at every batch size, unless the model asks for f32 products; otherwise the
-//! products are f32, as below.
+//! products are f32, as below. Where it also has AMX, calls of [`GEMM_MIN_ROWS`] input rows or
+//! more (prefill chunks) take bf16 tile products instead (`amx_bf16.rs`), unless the model asks
+//! for none: their bits differ from the dot kernels', as the f32 GEMM's do.
 //!
 //! Work is split over output rows on the model's thread pool. Below [`GEMM_MIN_ROWS`] input rows
 //! (decode: one per sequence; a follow-up turn's few new tokens), a task takes a tile of four
@@ -14,6 +16,8 @@
 //! a GEMM over it. Several projections of the same input (q/k/v, gate/up) run as one parallel
 //! call ([`forward_many`]): fewer thread wake-ups per layer.
 
+#[cfg(target_arch = "x86_64")]
+use super::amx_bf16;
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 #[cfg(target_arch = "x86_64")]
@@ -28,7 +32,8 @@ use rayon::prelude::*;
 /// Weight rows a decode task computes together (the AVX2 kernels take four rows at a time).
 const TILE: usize = 4;
 /// From this many input rows on, a task widens a panel of `PANEL` weight rows to f32 and runs a
-/// GEMM over it; below, the dot-product kernels read the weights as stored. Measured with 2
+/// GEMM over it (or, for bf16 products on a CPU with AMX, multiplies the weights as stored on
+/// tiles); below, the dot-product kernels read the weights as stored. Measured with 2
 /// threads on one layer's projections: decode of 8 and 16 sequences was 14-18% faster on the
 /// dot kernels than with the threshold at 8 (bench/RESULTS.md, "The native engine"), and from
 /// 24 to 48 rows (a follow-up turn's new tokens, a step with drafts) they took 0.56-0.87x the
@@ -37,6 +42,8 @@ const TILE: usize = 4;
 /// `gemm`'s AVX-512 kernels were on, which may move the crossover down on CPUs that have them).
 const GEMM_MIN_ROWS: usize = 64;
 const PANEL: usize = 32;
+/// Weight rows an AMX task takes: two tiles, each input tile's load serving both.
+const AMX_TILE: usize = 32;
 
 pub struct Linear {
     weight: TensorView,
@@ -45,6 +52,9 @@ pub struct Linear {
     pub cols: usize,
     /// The weight is bf16, products in bf16 were asked for and the CPU has AVX-512 BF16.
     bf16_products: bool,
+    /// With `bf16_products`: tile products were asked for, the CPU has AMX and the rows take
+    /// whole tile steps, so calls of [`GEMM_MIN_ROWS`] inputs or more run on tiles.
+    amx: bool,
 }
 
 /// Whether bf16 weights can multiply in bf16 on this CPU (AVX-512 BF16).
@@ -53,6 +63,17 @@ pub fn bf16_products_here() -> bool {
     return avx512_bf16::available();
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// Whether bf16 products over rows of `cols` values can run on AMX tiles on this CPU.
+pub fn amx_here(cols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return cols.is_multiple_of(amx_bf16::STEP) && amx_bf16::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = cols;
+        false
+    }
 }
 
 /// Which kernels a call runs.
@@ -64,18 +85,22 @@ enum Kernels {
     Gemm,
     /// bf16 dot products of the weights as stored with the inputs rounded to bf16.
     Bf16,
+    /// bf16 tile products (AMX) of the weights as stored with the inputs rounded to bf16.
+    Amx,
 }
 
 impl Linear {
     /// `weight` must be `[rows, cols]`, naturally aligned for its type (safetensors writers
     /// align every tensor); `bias` `[rows]`. With `bf16_products`, a bf16 weight multiplies
     /// inputs rounded to bf16 where the CPU has AVX-512 BF16 (as llama.cpp multiplies bf16
-    /// weights); otherwise every product is in f32.
-    pub fn new(weight: TensorView, bias: Option<Vec<f32>>, bf16_products: bool) -> Self {
+    /// weights), and with `amx_products` too, on AMX tiles from [`GEMM_MIN_ROWS`] inputs on
+    /// where the CPU has them; otherwise every product is in f32.
+    pub fn new(weight: TensorView, bias: Option<Vec<f32>>, bf16_products: bool, amx_products: bool) -> Self {
         let (rows, cols) = (weight.shape[0], weight.shape[1]);
         debug_assert!(bias.as_ref().is_none_or(|b| b.len() == rows));
         let bf16_products = bf16_products && weight.dtype == DType::BF16 && bf16_products_here();
-        Linear { weight, bias, rows, cols, bf16_products }
+        let amx = bf16_products && amx_products && amx_here(cols);
+        Linear { weight, bias, rows, cols, bf16_products, amx }
     }
 
     /// How the weight is stored.
@@ -145,7 +170,9 @@ fn widen_bf16(src: &[u16], dst: &mut [f32]) {
 /// Runs several projections of the same input `x` (`n x cols`, equal `cols`) in one parallel
 /// call, each into its own output (`n x rows`).
 pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) {
-    let kernels = if jobs.iter().all(|(l, _)| l.bf16_products) {
+    let kernels = if n >= GEMM_MIN_ROWS && jobs.iter().all(|(l, _)| l.amx) {
+        Kernels::Amx
+    } else if jobs.iter().all(|(l, _)| l.bf16_products) {
         Kernels::Bf16
     } else if n >= GEMM_MIN_ROWS {
         Kernels::Gemm
@@ -160,7 +187,11 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
     let cols = jobs[0].0.cols;
     debug_assert!(jobs.iter().all(|(l, _)| l.cols == cols) && x.len() == n * cols);
     // Every job's first tile, its weight and its output.
-    let tile_rows = if kernels == Kernels::Gemm { PANEL } else { TILE };
+    let tile_rows = match kernels {
+        Kernels::Gemm => PANEL,
+        Kernels::Amx => AMX_TILE,
+        Kernels::Dot | Kernels::Bf16 => TILE,
+    };
     let (mut starts, mut linears, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     let mut tiles = 0;
     for (l, y) in jobs.iter_mut() {
@@ -175,17 +206,32 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut narrow = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    if kernels == Kernels::Bf16 {
+    let mut packed = amx_bf16::Inputs::default();
+    #[cfg(target_arch = "x86_64")]
+    if matches!(kernels, Kernels::Bf16 | Kernels::Amx) {
         debug_assert!(jobs.iter().all(|(l, _)| l.bf16_products));
         narrow.resize(x.len(), 0);
         // SAFETY: the weights have bf16_products, which Linear::new grants only where the CPU
         // passes avx512_bf16::available().
         unsafe { avx512_bf16::narrow(x, &mut narrow) };
+        if kernels == Kernels::Amx {
+            // SAFETY: the weights have `amx`, which Linear::new grants only where the CPU passes
+            // amx_bf16::available().
+            unsafe { packed.pack(&narrow, n, cols) };
+        }
     }
     // Enough tasks to balance, few enough that each amortises its scheduling.
     let per_task = (tiles / (rayon::current_num_threads() * 4)).max(1);
     (0..tiles).into_par_iter().with_min_len(per_task).for_each_init(
-        || vec![0f32; if kernels == Kernels::Bf16 { 0 } else { tile_rows * cols }],
+        || {
+            vec![
+                0f32;
+                match kernels {
+                    Kernels::Bf16 | Kernels::Amx => 0,
+                    Kernels::Dot | Kernels::Gemm => tile_rows * cols,
+                }
+            ]
+        },
         |scratch, tile| {
             let j = starts.partition_point(|&s| s <= tile) - 1;
             let (l, out) = (linears[j], outs[j]);
@@ -203,6 +249,16 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
                         let bytes = &l.weight.bytes()[r0 * cols * 2..r1 * cols * 2];
                         // SAFETY: as for `narrow` above; the slice holds the tile's rows.
                         unsafe { rows_bf16(bytemuck::cast_slice(bytes), r1 - r0, cols, &narrow, n, l.rows, r0, out) };
+                    }
+                }
+                Kernels::Amx => {
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        let bytes = &l.weight.bytes()[r0 * cols * 2..r1 * cols * 2];
+                        // SAFETY: the weights have `amx`, which Linear::new grants only where
+                        // the CPU passes amx_bf16::available() and cols takes whole steps; the
+                        // slice holds the tile's rows and `packed` every input.
+                        unsafe { rows_amx(bytemuck::cast_slice(bytes), cols, &packed, n, l.rows, r0, out) };
                     }
                 }
             }
@@ -350,6 +406,39 @@ unsafe fn rows_bf16(w: &[u16], nr: usize, cols: usize, x: &[u16], n: usize, rows
     }
 }
 
+/// [`tile`] on AMX tiles: the weight rows `w` (up to two tiles of 16), copied onto cache lines
+/// (a thread's copy is reused from call to call), against every input of `inputs`.
+///
+/// # Safety
+/// The CPU must pass [`amx_bf16::available`]; `cols` is a multiple of [`amx_bf16::STEP`], `w`
+/// holds whole rows and `inputs` holds `n` inputs of `cols` values.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_amx(w: &[u16], cols: usize, inputs: &amx_bf16::Inputs, n: usize, rows: usize, r0: usize, out: Out) {
+    use amx_bf16::{products, Weights, ROWS};
+    thread_local!(static WEIGHTS: std::cell::RefCell<Weights> = std::cell::RefCell::default());
+    let nr = w.len() / cols;
+    // Tile `tile`'s sums for input group `g`.
+    let put = |g: usize, tile: usize, sums: &amx_bf16::Sums| {
+        let (count, first) = ((n - g * ROWS).min(ROWS), tile * ROWS);
+        let at = |j: usize| out.0.wrapping_add((g * ROWS + j) * rows + r0 + first);
+        // SAFETY: AMX CPUs have AVX-512F (available() asks for AVX-512 BF16 too); the rows
+        // stored are this task's (those left from `first`), and g * 16 + j < n.
+        unsafe { sums.store((nr - first).min(ROWS), count, at) };
+    };
+    WEIGHTS.with_borrow_mut(|weights| {
+        weights.copy(w, cols);
+        // SAFETY: the caller checked the CPU; both operands hold rows of `cols` values.
+        unsafe {
+            if weights.tiles() == 2 {
+                products::<2>(weights, inputs, put)
+            } else {
+                products::<1>(weights, inputs, put)
+            }
+        }
+    });
+}
+
 /// Dot products of `nr` widened weight rows with every input row, written to the output
 /// (the portable path).
 #[allow(clippy::too_many_arguments)]
@@ -461,7 +550,8 @@ mod tests {
     }
 
     /// A bf16 `[rows, cols]` weight in a safetensors file under the temp dir, multiplying in bf16
-    /// where the CPU can when `bf16_products`.
+    /// where the CPU can when `bf16_products` (on AMX tiles too, from `GEMM_MIN_ROWS` inputs, where
+    /// it has them and `cols` allows).
     fn bf16_linear(rows: usize, cols: usize, bias: bool, bf16_products: bool) -> Linear {
         let values: Vec<half::bf16> =
             (0..rows * cols).map(|i| half::bf16::from_f32(((i * 7) as f32 * 0.013).sin())).collect();
@@ -472,7 +562,7 @@ mod tests {
         std::fs::write(file.path(), safetensors::tensor::serialize([("w", view)], None).unwrap()).unwrap();
         let ck = crate::checkpoint::Checkpoint::open(file.path()).unwrap();
         let b = bias.then(|| (0..rows).map(|r| r as f32 * 0.5).collect());
-        Linear::new(ck.get("w", &[rows, cols]).unwrap(), b, bf16_products)
+        Linear::new(ck.get("w", &[rows, cols]).unwrap(), b, bf16_products, true)
     }
 
     /// `x W^T + b` in f64 over the weight as stored, with the inputs rounded to bf16 when `narrow`.
@@ -522,37 +612,51 @@ mod tests {
 
     /// With bf16 products (where the CPU has AVX-512 BF16), each output is the exact sum of the
     /// products of the weights and the inputs rounded to bf16, to f32 rounding, and its bits are
-    /// the same at every batch size, prefill chunks included: six, the rest, or one at a time.
+    /// the same at every batch size: six, the rest, or one at a time, and prefill chunks too
+    /// where the CPU has no AMX. With AMX (and rows of whole tile steps), chunks of
+    /// `GEMM_MIN_ROWS` inputs or more run on tiles: the same sums to f32 rounding, summed in
+    /// another order.
     #[test]
     fn bf16_products_sum_the_rounded_inputs_and_give_the_same_bits_at_every_batch_size() {
-        let (rows, cols) = (70, 300); // rows not a multiple of the tile, cols not of 32 lanes
-        let l = bf16_linear(rows, cols, true, true);
-        assert_eq!(l.bf16_products, bf16_products_here());
-        if !l.bf16_products {
-            eprintln!("no AVX-512 BF16 on this CPU: its projections multiply in f32");
-            return;
-        }
-        let x: Vec<f32> = (0..100 * cols).map(|i| ((i * 3) as f32 * 0.029).cos() * 3.7).collect();
-        let mut alone: Vec<Vec<f32>> = Vec::new();
-        for t in 0..100 {
-            let mut y = Vec::new();
-            l.forward(&x[t * cols..(t + 1) * cols], 1, &mut y);
-            alone.push(y);
-        }
-        for n in [1, 2, 5, 6, 7, 13, GEMM_MIN_ROWS, 100] {
-            let mut y = Vec::new();
-            l.forward(&x[..n * cols], n, &mut y);
-            let (narrowed, plain) = (reference(&l, &x[..n * cols], n, true), reference(&l, &x[..n * cols], n, false));
-            let (mut off_narrowed, mut off_plain) = (0f64, 0f64);
-            for i in 0..n * rows {
-                off_narrowed = off_narrowed.max((y[i] as f64 - narrowed[i]).abs());
-                off_plain = off_plain.max((y[i] as f64 - plain[i]).abs());
+        // Rows not a multiple of the tile; columns not a multiple of 32 lanes, then a multiple
+        // (AMX's tile steps).
+        for cols in [300, 320] {
+            let rows = 70;
+            let l = bf16_linear(rows, cols, true, true);
+            assert_eq!(l.bf16_products, bf16_products_here());
+            if !l.bf16_products {
+                eprintln!("no AVX-512 BF16 on this CPU: its projections multiply in f32");
+                return;
             }
-            assert!(off_narrowed < 1e-3, "n {n}: {off_narrowed} from the rounded inputs' products");
-            // The rounding itself is visible: these are not the f32 products.
-            assert!(off_plain > 10.0 * off_narrowed, "n {n}: {off_plain} vs {off_narrowed}");
-            for t in 0..n {
-                assert_eq!(y[t * rows..(t + 1) * rows], alone[t][..], "n {n} t {t}: not the bits it gets alone");
+            assert_eq!(l.amx, amx_here(cols));
+            let x: Vec<f32> = (0..100 * cols).map(|i| ((i * 3) as f32 * 0.029).cos() * 3.7).collect();
+            let mut alone: Vec<Vec<f32>> = Vec::new();
+            for t in 0..100 {
+                let mut y = Vec::new();
+                l.forward(&x[t * cols..(t + 1) * cols], 1, &mut y);
+                alone.push(y);
+            }
+            for n in [1, 2, 5, 6, 7, 13, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS, 100] {
+                let mut y = Vec::new();
+                l.forward(&x[..n * cols], n, &mut y);
+                let (narrowed, plain) =
+                    (reference(&l, &x[..n * cols], n, true), reference(&l, &x[..n * cols], n, false));
+                let (mut off_narrowed, mut off_plain) = (0f64, 0f64);
+                for i in 0..n * rows {
+                    off_narrowed = off_narrowed.max((y[i] as f64 - narrowed[i]).abs());
+                    off_plain = off_plain.max((y[i] as f64 - plain[i]).abs());
+                }
+                assert!(off_narrowed < 1e-3, "cols {cols} n {n}: {off_narrowed} from the rounded inputs' products");
+                // The rounding itself is visible: these are not the f32 products.
+                assert!(off_plain > 10.0 * off_narrowed, "cols {cols} n {n}: {off_plain} vs {off_narrowed}");
+                let tiles = l.amx && n >= GEMM_MIN_ROWS;
+                let same = (0..n).filter(|&t| y[t * rows..(t + 1) * rows] == alone[t][..]).count();
+                if tiles {
+                    // Another order: some outputs' last bits differ from the dot kernels'.
+                    assert!(same < n, "cols {cols} n {n}: tile products gave the dot kernels' bits");
+                } else {
+                    assert_eq!(same, n, "cols {cols} n {n}: not the bits each input gets alone");
+                }
             }
         }
     }
@@ -571,6 +675,7 @@ mod tests {
         for (model, shapes) in layers {
             let linears: Vec<Linear> = shapes.iter().map(|&(r, c)| bf16_linear(r, c, false, true)).collect();
             let bf16 = linears.iter().all(|l| l.bf16_products);
+            let amx = linears.iter().all(|l| l.amx);
             for n in [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256] {
                 let x: Vec<f32> = (0..n * 2048).map(|i| ((i * 3) as f32 * 0.029).cos()).collect();
                 let time = |kernels: Kernels| {
@@ -586,11 +691,13 @@ mod tests {
                 };
                 let (dot, gemm) = (time(Kernels::Dot), time(Kernels::Gemm));
                 let bf = if bf16 { time(Kernels::Bf16) } else { f64::NAN };
+                let amx = if amx { time(Kernels::Amx) } else { f64::NAN };
                 println!(
-                    "{model} n {n:3}: dot {dot:7.3} ms, GEMM {gemm:7.3} ms, bf16 {bf:7.3} ms a layer; \
-                     dot / GEMM {:.2}, bf16 / min {:.2}",
+                    "{model} n {n:3}: dot {dot:7.3} ms, GEMM {gemm:7.3} ms, bf16 {bf:7.3} ms, AMX {amx:7.3} ms a \
+                     layer; dot / GEMM {:.2}, bf16 / min {:.2}, AMX / bf16 {:.2}",
                     dot / gemm,
-                    bf / dot.min(gemm)
+                    bf / dot.min(gemm),
+                    amx / bf
                 );
             }
         }
@@ -598,8 +705,8 @@ mod tests {
         // head): single-sequence decode, where reading memory is the cost.
         let head = bf16_linear(65536, 640, false, true);
         let x: Vec<f32> = (0..640).map(|i| (i as f32 * 0.07).cos()).collect();
-        for kernels in [Kernels::Dot, Kernels::Bf16] {
-            if kernels == Kernels::Bf16 && !head.bf16_products {
+        for kernels in [Kernels::Dot, Kernels::Bf16, Kernels::Amx] {
+            if (kernels == Kernels::Bf16 && !head.bf16_products) || (kernels == Kernels::Amx && !head.amx) {
                 continue;
             }
             let mut y = Vec::new();

@@ -1,0 +1,384 @@
+//! AMX bf16 tile products of bf16 weight rows, as stored, with inputs rounded to bf16 (Intel
+//! Sapphire Rapids and later): one `tdpbf16ps` multiplies a tile of 16 weight rows x 32 values
+//! by 32 values of 16 inputs into 16 x 16 f32 sums, 8192 products where `vdpbf16ps` makes 32.
+//!
+//! Both operands are copied onto cache lines first ([`Line`]): a task's weight rows, tile by
+//! tile ([`Weights`], read from the mapping once and then from the cache for every input
+//! group), and the inputs as the instruction wants its second operand, each input's pairs of
+//! values in a column ([`Inputs`], once per call for every task). Each sum runs over its row's values
+//! in 32-value steps in the same order whatever the batch, its tile neighbours or the blocking,
+//! so an output does not depend on the inputs it was computed beside; the order differs from
+//! `avx512_bf16.rs` (one chain per output here, 16 lanes there), so the bits do too. Callers
+//! check the CPU ([`available`]) and the row length ([`STEP`]) first.
+//!
+//! The instructions are written in `asm!` (Rust's AMX intrinsics are not stable); the tile
+//! registers are not the compiler's, so they keep their contents between statements. Tiles:
+//! `tmm0`-`tmm3` sums (two weight tiles x two input tiles), `tmm4`-`tmm5` weights,
+//! `tmm6`-`tmm7` inputs, every one 16 rows of 64 bytes.
+
+use std::arch::asm;
+use std::sync::OnceLock;
+
+/// Weight rows a tile takes, and inputs.
+pub const ROWS: usize = 16;
+/// Values of a row one step takes: 16 pairs, 64 bytes.
+pub const STEP: usize = 32;
+
+/// Whether the CPU has AMX with bf16 and the kernel lets this process use its tile registers
+/// (Linux asks each process to request them: `ARCH_REQ_XCOMP_PERM`). Asked once.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        use std::arch::x86_64::{__cpuid, __cpuid_count, _xgetbv};
+        let (max, leaf1) = (__cpuid(0).eax, __cpuid(1));
+        if max < 7 || leaf1.ecx & (1 << 27) == 0 {
+            return false; // no leaf 7, or no XGETBV (OSXSAVE)
+        }
+        // Leaf 7 only where leaf 0 lists it.
+        let leaf7 = __cpuid_count(7, 0);
+        let (amx_bf16, amx_tile) = (leaf7.edx & (1 << 22) != 0, leaf7.edx & (1 << 24) != 0);
+        // SAFETY: OSXSAVE is set, so XGETBV runs; XCR0 bits 17-18 are the tile config and data.
+        let xcr0 = unsafe { _xgetbv(0) };
+        if !(amx_bf16 && amx_tile && xcr0 & (3 << 17) == 3 << 17) {
+            return false;
+        }
+        // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: granted for the whole process.
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: arch_prctl with these arguments only changes this process's permissions.
+        let granted = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) } == 0;
+        granted && super::avx512_bf16::available()
+    })
+}
+
+/// The tile configuration: palette 1, all eight tiles 16 rows of 64 bytes.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+const CONFIG: Config = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64; // bytes a row (u16, little endian)
+        c[48 + t] = ROWS as u8; // rows
+        t += 1;
+    }
+    Config(c)
+};
+
+/// A tile row: 64 bytes on a cache line of their own. A tile load whose rows straddle lines
+/// took 4-5x as long (22 against 4.8 ns a tile from L1 on a Sapphire Rapids), and tensors in
+/// safetensors files sit 8-byte aligned, so both operands are copied into lines first.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+pub struct Line([u32; ROWS]);
+
+/// The inputs of a call as tiles of the second operand: for 16 inputs and 32 values, 16 rows
+/// of 16 value pairs, row `p` holding pair `p` of every input. Tiles in the order
+/// [input group][step]; the last group's missing inputs are zero.
+#[derive(Default)]
+pub struct Inputs {
+    lines: Vec<Line>,
+    steps: usize,
+    groups: usize,
+}
+
+impl Inputs {
+    /// `n` inputs of `k` bf16 values (rows of `x`, `k` a multiple of [`STEP`]): for each group
+    /// and step, the 16 inputs' 16 pairs turned to columns in registers.
+    ///
+    /// # Safety
+    /// The CPU must pass [`available`].
+    pub unsafe fn pack(&mut self, x: &[u16], n: usize, k: usize) {
+        assert!(k.is_multiple_of(STEP) && x.len() >= n * k);
+        let (groups, steps, pairs) = (n.div_ceil(ROWS), k / STEP, k / 2);
+        self.lines.clear();
+        self.lines.resize(groups * steps * ROWS, Line::default());
+        (self.steps, self.groups) = (steps, groups);
+        // SAFETY: the caller checked the CPU (`available` asks for AVX-512); the reads stay
+        // inside the n rows of x, the writes inside `lines`.
+        unsafe { pack(&x[..n * k], n, pairs, &mut self.lines) };
+
+        #[target_feature(enable = "avx512f")]
+        unsafe fn pack(x: &[u16], n: usize, pairs: usize, lines: &mut [Line]) {
+            use std::arch::x86_64::*;
+            let steps = pairs / ROWS;
+            for g in 0..n.div_ceil(ROWS) {
+                let count = (n - g * ROWS).min(ROWS);
+                for s in 0..steps {
+                    let rows = std::array::from_fn(|j| {
+                        if j < count {
+                            // SAFETY: input g * 16 + j < n; its pairs s * 16.. hold 64 bytes.
+                            unsafe {
+                                _mm512_loadu_ps(x.as_ptr().add(((g * ROWS + j) * pairs + s * ROWS) * 2) as *const f32)
+                            }
+                        } else {
+                            _mm512_setzero_ps()
+                        }
+                    });
+                    let tile = &mut lines[(g * steps + s) * ROWS..][..ROWS];
+                    for (line, column) in tile.iter_mut().zip(transpose(rows)) {
+                        // SAFETY: a line is 64 aligned bytes.
+                        unsafe { _mm512_store_ps(line.0.as_mut_ptr() as *mut f32, column) };
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tile of group `g`, step `s`.
+    fn tile(&self, g: usize, s: usize) -> *const Line {
+        self.lines[(g * self.steps + s) * ROWS..].as_ptr()
+    }
+}
+
+/// Up to 32 weight rows as tiles of the first operand, each tile's 16 rows of a step on 16
+/// lines one after the other. Tiles in the order [tile][step]; rows past the weight's are zero.
+#[derive(Default)]
+pub struct Weights {
+    lines: Vec<Line>,
+    steps: usize,
+    tiles: usize,
+}
+
+impl Weights {
+    /// The rows `w` (`k` values each, `k` a multiple of [`STEP`], at most 32 rows).
+    pub fn copy(&mut self, w: &[u16], k: usize) {
+        debug_assert!(k.is_multiple_of(STEP) && w.len().is_multiple_of(k) && w.len() <= 2 * ROWS * k);
+        let (rows, steps) = (w.len() / k, k / STEP);
+        let tiles = rows.div_ceil(ROWS);
+        self.lines.clear();
+        self.lines.resize(tiles * steps * ROWS, Line::default());
+        (self.steps, self.tiles) = (steps, tiles);
+        for (r, row) in w.chunks_exact(k).enumerate() {
+            let (tile, i) = (r / ROWS, r % ROWS);
+            for (s, values) in row.chunks_exact(STEP).enumerate() {
+                let line = &mut self.lines[(tile * steps + s) * ROWS + i];
+                // SAFETY: 32 u16 are the 64 bytes of a line; the two do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(values.as_ptr() as *const u8, line as *mut Line as *mut u8, 64)
+                };
+            }
+        }
+    }
+
+    /// How many tiles of 16 rows the copy holds (1 or 2).
+    pub fn tiles(&self) -> usize {
+        self.tiles
+    }
+
+    /// Tile `t` of step `s`.
+    fn tile(&self, t: usize, s: usize) -> *const Line {
+        self.lines[(t * self.steps + s) * ROWS..].as_ptr()
+    }
+}
+
+/// One tile's sums as stored: `[weight row][input]`.
+#[repr(C, align(64))]
+pub struct Sums(pub [[f32; ROWS]; ROWS]);
+
+impl Sums {
+    /// Each input's sums, `rows` (up to 16) of them, to `out(input)` for the first `inputs`
+    /// inputs: the tile turned to `[input][weight row]` in registers, 64 bytes a store where
+    /// storing value by value cost as much as the products.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `out(j)` for `j < inputs` points to `rows` writable floats.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn store(&self, rows: usize, inputs: usize, out: impl Fn(usize) -> *mut f32) {
+        use std::arch::x86_64::*;
+        // SAFETY: 16 rows of 16 floats, each 64-byte aligned.
+        let columns = transpose(std::array::from_fn(|i| unsafe { _mm512_load_ps(self.0[i].as_ptr()) }));
+        let mask = if rows >= ROWS { u16::MAX } else { (1u16 << rows) - 1 };
+        for (j, column) in columns.into_iter().enumerate().take(inputs) {
+            // SAFETY: the caller's guarantee for out(j); the mask keeps to `rows`.
+            unsafe { _mm512_mask_storeu_ps(out(j), mask, column) };
+        }
+    }
+}
+
+/// The columns of a 16 x 16 matrix of 32-bit values held as 16 rows: pairs of rows, then
+/// quads, unpacked within 128-bit lanes, then the lanes gathered.
+#[target_feature(enable = "avx512f")]
+fn transpose(r: [std::arch::x86_64::__m512; ROWS]) -> [std::arch::x86_64::__m512; ROWS] {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_ps(); ROWS];
+    for k in 0..8 {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    // In each 128-bit lane L, u[4q + c] holds column 4L + c of rows 4q..4q + 4.
+    let mut u = [_mm512_setzero_ps(); ROWS];
+    for q in 0..4 {
+        let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm512_castps_pd(t[4 * q + i]));
+        u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // Column 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+    let mut columns = [_mm512_setzero_ps(); ROWS];
+    for c in 0..4 {
+        let low = _mm512_shuffle_f32x4::<0x44>(u[c], u[4 + c]);
+        let high = _mm512_shuffle_f32x4::<0xEE>(u[c], u[4 + c]);
+        let low2 = _mm512_shuffle_f32x4::<0x44>(u[8 + c], u[12 + c]);
+        let high2 = _mm512_shuffle_f32x4::<0xEE>(u[8 + c], u[12 + c]);
+        columns[c] = _mm512_shuffle_f32x4::<0x88>(low, low2);
+        columns[4 + c] = _mm512_shuffle_f32x4::<0xDD>(low, low2);
+        columns[8 + c] = _mm512_shuffle_f32x4::<0x88>(high, high2);
+        columns[12 + c] = _mm512_shuffle_f32x4::<0xDD>(high, high2);
+    }
+    columns
+}
+
+/// The products of the `S` (1 or 2, [`Weights::tiles`]) weight tiles with every input group,
+/// handed to `put(group, tile, sums)`.
+///
+/// # Safety
+/// The CPU must pass [`available`]; `weights` and `inputs` hold rows of the same length.
+pub unsafe fn products<const S: usize>(weights: &Weights, inputs: &Inputs, mut put: impl FnMut(usize, usize, &Sums)) {
+    debug_assert!(weights.tiles == S && weights.steps == inputs.steps);
+    let (steps, groups) = (weights.steps, inputs.groups);
+    let line = std::mem::size_of::<Line>();
+    let mut sums = Sums([[0.0; ROWS]; ROWS]);
+    // SAFETY: every tile load reads 16 lines inside `weights` or `inputs` (tile(.., s) for
+    // s < steps, g < groups); the stores write 1 KiB into `sums`.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+        let mut g = 0;
+        while g < groups {
+            let two = g + 1 < groups;
+            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nomem, nostack));
+            for s in 0..steps {
+                asm!(
+                    "tileloadd tmm4, [{w0} + {line} * 1]",
+                    "tileloadd tmm6, [{x0} + {line} * 1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    w0 = in(reg) weights.tile(0, s),
+                    x0 = in(reg) inputs.tile(g, s),
+                    line = in(reg) line,
+                    options(nostack, readonly),
+                );
+                if two {
+                    asm!(
+                        "tileloadd tmm7, [{x1} + {line} * 1]",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        x1 = in(reg) inputs.tile(g + 1, s),
+                        line = in(reg) line,
+                        options(nostack, readonly),
+                    );
+                }
+                if S == 2 {
+                    asm!(
+                        "tileloadd tmm5, [{w1} + {line} * 1]",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        w1 = in(reg) weights.tile(1, s),
+                        line = in(reg) line,
+                        options(nostack, readonly),
+                    );
+                    if two {
+                        asm!("tdpbf16ps tmm3, tmm5, tmm7", options(nomem, nostack));
+                    }
+                }
+            }
+            let out = sums.0.as_mut_ptr();
+            asm!("tilestored [{} + {} * 1], tmm0", in(reg) out, in(reg) line, options(nostack));
+            put(g, 0, &sums);
+            if two {
+                asm!("tilestored [{} + {} * 1], tmm1", in(reg) out, in(reg) line, options(nostack));
+                put(g + 1, 0, &sums);
+            }
+            if S == 2 {
+                asm!("tilestored [{} + {} * 1], tmm2", in(reg) out, in(reg) line, options(nostack));
+                put(g, 1, &sums);
+                if two {
+                    asm!("tilestored [{} + {} * 1], tmm3", in(reg) out, in(reg) line, options(nostack));
+                    put(g + 1, 1, &sums);
+                }
+            }
+            g += if two { 2 } else { 1 };
+        }
+        asm!("tilerelease", options(nomem, nostack));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16(v: f32) -> u16 {
+        half::bf16::from_f32(v).to_bits()
+    }
+
+    /// Every sum is the sum of its row's products with its input (to f32 rounding), whichever
+    /// tile and group it falls in, and its bits do not depend on the groups or tiles beside it.
+    #[test]
+    fn tiles_sum_each_rows_products_with_each_input() {
+        if !available() {
+            eprintln!("no AMX on this CPU");
+            return;
+        }
+        let (k, n, rows) = (96, 37, 2 * ROWS); // three steps; two full groups and a partial one
+        let w: Vec<u16> = (0..rows * k).map(|i| bf16(((i * 7) as f32 * 0.013).sin())).collect();
+        let x: Vec<u16> = (0..n * k).map(|i| bf16(((i * 3) as f32 * 0.029).cos())).collect();
+        let (mut weights, mut inputs) = (Weights::default(), Inputs::default());
+        weights.copy(&w, k);
+        // SAFETY: available() checked the CPU.
+        unsafe { inputs.pack(&x, n, k) };
+        assert_eq!(weights.tiles(), 2);
+        let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
+        let mut got = vec![f32::NAN; n * rows];
+        // SAFETY: available() checked the CPU; both hold rows of k values.
+        unsafe {
+            products::<2>(&weights, &inputs, |g, tile, sums| {
+                for (r, row) in sums.0.iter().enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        let t = g * ROWS + j;
+                        if t < n {
+                            got[t * rows + tile * ROWS + r] = v;
+                        } else {
+                            assert_eq!(v, 0.0, "a missing input's sums");
+                        }
+                    }
+                }
+            })
+        };
+        for t in 0..n {
+            for r in 0..rows {
+                let want: f64 = (0..k).map(|i| value(x[t * k + i]) * value(w[r * k + i])).sum();
+                let v = got[t * rows + r] as f64;
+                assert!((v - want).abs() < 1e-4, "input {t} row {r}: {v} vs {want}");
+            }
+        }
+        // One input alone against the first 16 rows, and against the last 5 (a tile padded with
+        // zero rows): the same bits.
+        for t in [0, 17, n - 1] {
+            let mut one = Inputs::default();
+            // SAFETY: as above.
+            unsafe { one.pack(&x[t * k..(t + 1) * k], 1, k) };
+            for (first, count) in [(0, ROWS), (rows - 5, 5)] {
+                weights.copy(&w[first * k..(first + count) * k], k);
+                assert_eq!(weights.tiles(), 1);
+                // SAFETY: as above.
+                unsafe {
+                    products::<1>(&weights, &one, |_, _, sums| {
+                        for r in 0..ROWS {
+                            let v = sums.0[r][0];
+                            if r < count {
+                                assert_eq!(
+                                    v.to_bits(),
+                                    got[t * rows + first + r].to_bits(),
+                                    "input {t} row {}",
+                                    first + r
+                                );
+                            } else {
+                                assert_eq!(v, 0.0, "a padding row's sum");
+                            }
+                        }
+                    })
+                };
+            }
+        }
+    }
+}
