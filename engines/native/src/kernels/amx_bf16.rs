@@ -163,11 +163,6 @@ impl Weights {
         }
     }
 
-    /// How many tiles of 16 rows the copy holds (1 or 2).
-    pub fn tiles(&self) -> usize {
-        self.tiles
-    }
-
     /// Tile `t` of step `s`.
     fn tile(&self, t: usize, s: usize) -> *const Line {
         self.lines[(t * self.steps + s) * ROWS..].as_ptr()
@@ -232,14 +227,14 @@ fn transpose(r: [std::arch::x86_64::__m512; ROWS]) -> [std::arch::x86_64::__m512
     columns
 }
 
-/// The products of the `S` (1 or 2, [`Weights::tiles`]) weight tiles with every input group,
-/// handed to `put(group, tile, sums)`.
+/// The products of the weight tiles (one or two) with every input group, handed to
+/// `put(group, tile, sums)`.
 ///
 /// # Safety
 /// The CPU must pass [`available`]; `weights` and `inputs` hold rows of the same length.
-pub unsafe fn products<const S: usize>(weights: &Weights, inputs: &Inputs, mut put: impl FnMut(usize, usize, &Sums)) {
-    debug_assert!(weights.tiles == S && weights.steps == inputs.steps);
-    let (steps, groups) = (weights.steps, inputs.groups);
+pub unsafe fn products(weights: &Weights, inputs: &Inputs, mut put: impl FnMut(usize, usize, &Sums)) {
+    debug_assert!(weights.steps == inputs.steps);
+    let (steps, groups, second) = (weights.steps, inputs.groups, weights.tiles == 2);
     let line = std::mem::size_of::<Line>();
     let mut sums = Sums([[0.0; ROWS]; ROWS]);
     // SAFETY: every tile load reads 16 lines inside `weights` or `inputs` (tile(.., s) for
@@ -269,7 +264,7 @@ pub unsafe fn products<const S: usize>(weights: &Weights, inputs: &Inputs, mut p
                         options(nostack, readonly),
                     );
                 }
-                if S == 2 {
+                if second {
                     asm!(
                         "tileloadd tmm5, [{w1} + {line} * 1]",
                         "tdpbf16ps tmm2, tmm5, tmm6",
@@ -289,7 +284,7 @@ pub unsafe fn products<const S: usize>(weights: &Weights, inputs: &Inputs, mut p
                 asm!("tilestored [{} + {} * 1], tmm1", in(reg) out, in(reg) line, options(nostack));
                 put(g + 1, 0, &sums);
             }
-            if S == 2 {
+            if second {
                 asm!("tilestored [{} + {} * 1], tmm2", in(reg) out, in(reg) line, options(nostack));
                 put(g, 1, &sums);
                 if two {
@@ -326,12 +321,12 @@ mod tests {
         weights.copy(&w, k);
         // SAFETY: available() checked the CPU.
         unsafe { inputs.pack(&x, n, k) };
-        assert_eq!(weights.tiles(), 2);
+        assert_eq!(weights.tiles, 2);
         let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
         let mut got = vec![f32::NAN; n * rows];
         // SAFETY: available() checked the CPU; both hold rows of k values.
         unsafe {
-            products::<2>(&weights, &inputs, |g, tile, sums| {
+            products(&weights, &inputs, |g, tile, sums| {
                 for (r, row) in sums.0.iter().enumerate() {
                     for (j, &v) in row.iter().enumerate() {
                         let t = g * ROWS + j;
@@ -359,10 +354,10 @@ mod tests {
             unsafe { one.pack(&x[t * k..(t + 1) * k], 1, k) };
             for (first, count) in [(0, ROWS), (rows - 5, 5)] {
                 weights.copy(&w[first * k..(first + count) * k], k);
-                assert_eq!(weights.tiles(), 1);
+                assert_eq!(weights.tiles, 1);
                 // SAFETY: as above.
                 unsafe {
-                    products::<1>(&weights, &one, |_, _, sums| {
+                    products(&weights, &one, |_, _, sums| {
                         for r in 0..ROWS {
                             let v = sums.0[r][0];
                             if r < count {

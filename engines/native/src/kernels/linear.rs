@@ -429,13 +429,7 @@ unsafe fn rows_amx(w: &[u16], cols: usize, inputs: &amx_bf16::Inputs, n: usize, 
     WEIGHTS.with_borrow_mut(|weights| {
         weights.copy(w, cols);
         // SAFETY: the caller checked the CPU; both operands hold rows of `cols` values.
-        unsafe {
-            if weights.tiles() == 2 {
-                products::<2>(weights, inputs, put)
-            } else {
-                products::<1>(weights, inputs, put)
-            }
-        }
+        unsafe { products(weights, inputs, put) }
     });
 }
 
