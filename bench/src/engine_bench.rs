@@ -202,6 +202,10 @@ fn run_pp(engine: &Engine, args: &Args) -> Result<serde_json::Value> {
         p.sampling.speculative = false;
         p.parse_special = false;
         let r = engine.infer(&p, |_| true)?;
+        if r.completion_tokens == 0 {
+            // The prompt was never read (a figure from it would be meaningless).
+            bail!("pp run ended before its first token: {:?}", r.finish_reason);
+        }
         let evaluated = (r.prompt_tokens - r.cached_tokens) as f64;
         if rep > 0 {
             // rep 0 warms up, as llama-bench does.

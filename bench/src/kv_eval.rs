@@ -78,6 +78,11 @@ struct Args {
     /// 0.05). With `--calibrate`, the table is for serving with recall on.
     #[arg(long)]
     recall: Option<f32>,
+    /// Steps of 64 tokens and more take AMX tiles where the CPU has them (the engine's
+    /// `amx_products`, on by default); `false` keeps their products on the AVX-512 kernels: what
+    /// the tiles' bf16 rounding costs in perplexity.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    amx_products: bool,
 }
 
 /// The runs a calibration fits to: (policy patch, budget share, what it is).
@@ -111,7 +116,8 @@ fn main() -> Result<()> {
         bail!("--step must be positive and --budget-share a share in (0, 1]");
     }
     rayon::ThreadPoolBuilder::new().num_threads(a.threads).build_global()?;
-    let config = ModelConfig::read(&a.model.join("config.json"))?;
+    let mut config = ModelConfig::read(&a.model.join("config.json"))?;
+    config.amx_products = a.amx_products;
     let index = a.model.join("model.safetensors.index.json");
     let primary = if index.is_file() { index } else { a.model.join("model.safetensors") };
     let model = Model::load(&config, &Checkpoint::open(&primary)?)?;

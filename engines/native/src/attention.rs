@@ -6,7 +6,9 @@
 //! blocks are always read in place by the integer kernels. An evicted block's positions weigh
 //! nothing, unless it has a key index and a query would weigh it: then it is read back from its
 //! f16 copy for the step (`kv_recall.rs`). The task body is compiled a second time for AVX2 +
-//! FMA, chosen at run time.
+//! FMA, chosen at run time. In a step whose projections run on AMX tiles (prompt chunks, see
+//! `kernels/linear.rs`), a tile whose blocks are all f16 takes its two products on AMX tiles
+//! too, the keys exact and the values rounded to bf16 (`kernels/attention_amx.rs`).
 
 use crate::kernels::panel::Out;
 use crate::kernels::{simd, widen_f16};
@@ -47,9 +49,13 @@ struct TaskScratch {
     fold: Vec<f32>,
     /// The scores of a tile with evicted blocks, as weights: what recall reads (`kv_recall.rs`).
     probe: Vec<f32>,
+    #[cfg(target_arch = "x86_64")]
+    amx: crate::kernels::attention_amx::Scratch,
 }
 
-/// `q`: `tokens x heads x head_dim`; writes `out` of the same shape.
+/// `q`: `tokens x heads x head_dim`; writes `out` of the same shape. `amx_step`: the step's
+/// projections ran on AMX tiles ([`crate::kernels::linear::Linear::on_tiles`]), so its query
+/// tiles over f16 blocks may too.
 pub fn attend(
     pool: &KvPool,
     layer: usize,
@@ -57,6 +63,7 @@ pub fn attend(
     queries: &[QueryPos<'_>],
     q: &[f32],
     out: &mut [f32],
+    amx_step: bool,
 ) {
     assert!(q.len() == queries.len() * shape.heads * shape.head_dim && out.len() == q.len());
     // Tiles: runs of at most QUERY_TILE consecutive queries on the same block table.
@@ -69,12 +76,23 @@ pub fn attend(
     }
     let out = Out(out.as_mut_ptr());
     let simd = simd();
+    #[cfg(target_arch = "x86_64")]
+    let amx = {
+        use crate::kernels::amx_bf16;
+        amx_step && simd && shape.head_dim.is_multiple_of(amx_bf16::STEP) && amx_bf16::available()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = amx_step;
     (0..tiles.len() * shape.kv_heads).into_par_iter().for_each_init(TaskScratch::default, |scratch, task| {
         let (tile, kv) = (tiles[task / shape.kv_heads], task % shape.kv_heads);
         let job = Tile { pool, layer, shape, queries: &queries[tile.0..tile.1], first_token: tile.0, kv, q, out };
         #[cfg(target_arch = "x86_64")]
         if simd {
-            // SAFETY: simd() found AVX2, FMA and F16C on this CPU.
+            // SAFETY: simd() found AVX2, FMA and F16C on this CPU, and `amx` AMX too.
+            if amx && unsafe { job.run_amx(scratch) } {
+                return;
+            }
+            // SAFETY: as above.
             return unsafe { job.run_avx2(scratch) };
         }
         let _ = simd;
@@ -95,7 +113,7 @@ struct Tile<'a, 'b> {
     out: Out,
 }
 
-impl Tile<'_, '_> {
+impl<'b> Tile<'_, 'b> {
     /// [`Tile::run`] compiled for AVX2 + FMA, with the AVX2 kernels of a block's two loops.
     ///
     /// # Safety
@@ -106,26 +124,108 @@ impl Tile<'_, '_> {
         self.run::<true>(scratch)
     }
 
+    /// The tile on AMX tiles, where every block it sees holds f16 keys and values; `false`
+    /// (nothing written) where one does not.
+    ///
+    /// # Safety
+    /// The CPU must pass `amx_bf16::available()` (which implies AVX2, FMA and F16C), and the
+    /// head dimension be a multiple of `amx_bf16::STEP`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_amx(&self, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
+        use crate::kernels::attention_amx;
+        let shape = self.shape;
+        let (hd, group, kv) = (shape.head_dim, shape.heads / shape.kv_heads, self.kv);
+        let (span, len) = self.span();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (id, _, from, to) in visible(&span) {
+            let LayerBlock::F16 { k, v } = self.pool.layer(id, self.layer) else { return false };
+            let slots = kv * BLOCK_TOKENS * hd..(kv + 1) * BLOCK_TOKENS * hd;
+            keys.push(&k[slots.clone()][from * hd..to * hd]);
+            values.push(&v[slots][from * hd..to * hd]);
+        }
+        let rows = self.queries.len() * group;
+        // The products write every score (no zeroing).
+        scores.resize(rows * len, 0.0);
+        let scores = &mut scores[..rows * len];
+        // Row r: query r / group, head kv * group + r % group.
+        let query = |r: usize| {
+            let t = self.first_token + r / group;
+            &self.q[(t * shape.heads + kv * group + r % group) * hd..][..hd]
+        };
+        // SAFETY: the caller checked the CPU and the head dimension.
+        unsafe { attention_amx::scores(amx, rows, query, &keys, hd, shape.scale, scores) };
+        // Each row's weights over the positions its query sees, zero elsewhere.
+        for (r, row) in scores.chunks_exact_mut(len).enumerate() {
+            let qp = &self.queries[r / group];
+            let (a, b) = (qp.first - span.first, qp.pos + 1 - span.first);
+            softmax::<true>(&mut row[a..b], shape.sinks.map(|s| s[kv * group + r % group]));
+            row[..a].fill(0.0);
+            row[b..].fill(0.0);
+        }
+        if self.pool.tracks_attention() {
+            for (id, start, from, to) in visible(&span) {
+                let (mass, rows) = self.mass(scores, span.first, len, (start, from, to));
+                if rows > 0 {
+                    self.pool.note_attention(id, mass, rows);
+                }
+            }
+        }
+        // Row r's output: token first_token + r / group, head kv * group + r % group.
+        let out = |r: usize| {
+            let t = self.first_token + r / group;
+            self.out.0.wrapping_add((t * shape.heads + kv * group + r % group) * hd)
+        };
+        // SAFETY: as above; this task alone writes the heads kv*group..(kv+1)*group of its
+        // tokens, which lie inside `out` (asserted in attend).
+        unsafe { attention_amx::weighted_sums(amx, rows, scores, &values, hd, out) };
+        true
+    }
+
+    /// Every position some query of the tile sees, as one query that sees them all
+    /// (`first..=pos`), and how many there are. Scores are indexed from its `first`.
+    fn span(&self) -> (QueryPos<'b>, usize) {
+        let lo = self.queries.iter().map(|q| q.first).min().unwrap();
+        let hi = self.queries.iter().map(|q| q.pos + 1).max().unwrap();
+        (QueryPos { table: self.queries[0].table, pos: hi - 1, first: lo }, hi - lo)
+    }
+
+    /// The slots of the block starting at `start` that query `i` sees, of `from..to`.
+    fn seen(&self, i: usize, start: usize, from: usize, to: usize) -> (usize, usize) {
+        let qp = &self.queries[i];
+        (qp.first.max(start + from) - start, (qp.pos + 1).min(start + to).max(start) - start)
+    }
+
+    /// The weight the block at `start` (slots `from..to`) received from the tile's rows
+    /// (`weights`, rows of `len` from position `lo`), and how many rows saw it: an importance
+    /// signal (`kv_levels.rs`).
+    fn mass(&self, weights: &[f32], lo: usize, len: usize, (start, from, to): (usize, usize, usize)) -> (f32, usize) {
+        let group = self.shape.heads / self.shape.kv_heads;
+        let (mut mass, mut rows) = (0f32, 0);
+        for i in 0..self.queries.len() {
+            let (a, b) = self.seen(i, start, from, to);
+            if a < b {
+                rows += group;
+                let first = (i * group) * len + start + a - lo;
+                mass += (0..group).map(|g| weights[first + g * len..][..b - a].iter().sum::<f32>()).sum::<f32>();
+            }
+        }
+        (mass, rows)
+    }
+
     #[inline(always)]
-    fn run<const SIMD: bool>(&self, TaskScratch { block, scores, fold, probe }: &mut TaskScratch) {
+    fn run<const SIMD: bool>(&self, TaskScratch { block, scores, fold, probe, .. }: &mut TaskScratch) {
         let shape = self.shape;
         let hd = shape.head_dim;
         let group = shape.heads / shape.kv_heads;
         let (kv, layer) = (self.kv, self.layer);
-        // Every position some query of the tile sees: lo..hi; scores are indexed from lo.
-        let lo = self.queries.iter().map(|q| q.first).min().unwrap();
-        let hi = self.queries.iter().map(|q| q.pos + 1).max().unwrap();
-        let len = hi - lo;
-        let span = QueryPos { table: self.queries[0].table, pos: hi - 1, first: lo };
+        let (span, len) = self.span();
+        let lo = span.first;
         let rows = self.queries.len() * group;
         scores.clear();
         scores.resize(rows * len, 0.0);
         block.resize(BLOCK_TOKENS * hd, 0.0);
-        // The slots of the block starting at `start` that query `i` sees, of those widened.
-        let seen = |i: usize, start: usize, from: usize, to: usize| {
-            let qp = &self.queries[i];
-            (qp.first.max(start + from) - start, (qp.pos + 1).min(start + to).max(start) - start)
-        };
+        let seen = |i: usize, start: usize, from: usize, to: usize| self.seen(i, start, from, to);
         // A decoding token's tile does little arithmetic per block: it asks for the next
         // block's keys or values while it works on this one. A prompt chunk's tile does 16
         // queries' worth of arithmetic per block, enough to hide the reads.
@@ -239,22 +339,19 @@ impl Tile<'_, '_> {
             let Some(values) = block_rows(stored, head, hd, false, (from, to), (kernels, in_place), block) else {
                 continue;
             };
-            // The weight this block received from the tile's rows (an importance signal).
-            let (mut mass, mut rows) = (0f32, 0);
             for i in 0..self.queries.len() {
                 let (a, b) = seen(i, start, from, to);
-                if a >= b {
-                    continue;
+                if a < b {
+                    let first = (i * group) * len + start + a - lo;
+                    weighted_sum::<SIMD>(&values, (a, b), hd, &scores[first..], len, group, out_heads(i), fold);
                 }
-                rows += group;
-                let first = (i * group) * len + start + a - lo;
-                if track {
-                    mass += (0..group).map(|g| scores[first + g * len..][..b - a].iter().sum::<f32>()).sum::<f32>();
-                }
-                weighted_sum::<SIMD>(&values, (a, b), hd, &scores[first..], len, group, out_heads(i), fold);
             }
-            if track && rows > 0 {
-                self.pool.note_attention(id, mass, rows);
+            if track {
+                // The weight this block received from the tile's rows (an importance signal).
+                let (mass, rows) = self.mass(scores, lo, len, (start, from, to));
+                if rows > 0 {
+                    self.pool.note_attention(id, mass, rows);
+                }
             }
         }
     }
@@ -344,8 +441,8 @@ fn dots<const SIMD: bool>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if SIMD && hd.is_multiple_of(8) {
-        // SAFETY: SIMD is true only in `Tile::run_avx2`, which runs where simd() found AVX2,
-        // FMA and F16C.
+        // SAFETY: SIMD is true only in `Tile::run_avx2` and `Tile::run_amx`, which run where
+        // simd() found AVX2, FMA and F16C.
         return unsafe {
             crate::kernels::attention_avx2::attention_dots(rows, (a, b), hd, q, heads, scale, out, stride, fold)
         };
@@ -476,7 +573,7 @@ mod tests {
                 positions.iter().map(|&(first, pos)| QueryPos { table: &table, pos, first }).collect();
             let q: Vec<f32> = (0..positions.len() * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
             let mut out = vec![0.0; q.len()];
-            attend(&pool, 0, &shape, &queries, &q, &mut out);
+            attend(&pool, 0, &shape, &queries, &q, &mut out, false);
             for (t, &(first, pos)) in positions.iter().enumerate() {
                 for h in 0..heads {
                     let kv = h / (heads / kv_heads);
@@ -490,6 +587,80 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A prompt step on AMX tiles: exact keys, values rounded to bf16, within that rounding of
+    /// the f32 kernels' outputs, with the same weight noted per block; a tile that sees a
+    /// quantized block takes the f32 kernels and gets their bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_prompt_step_on_amx_tiles_stays_within_the_values_bf16_rounding_of_the_f32_kernels() {
+        use crate::kernels::amx_bf16;
+        use crate::kv_levels::Level;
+        if !(simd() && amx_bf16::available()) {
+            eprintln!("no AMX on this CPU");
+            return;
+        }
+        // Three query heads per KV head (rows of 48 and then 32 + 16 in a product), a prompt
+        // of 70 positions over five blocks: five query tiles, the last one short.
+        let (kv_heads, heads, hd, len) = (2, 6, 64, 70);
+        // Pools built alike hold the same blocks under the same ids: one table serves all.
+        let build = || {
+            let mut pool = KvPool::new(Shape { layers: 1, kv_heads, head_dim: hd }, 8);
+            let mut table = BlockTable::default();
+            pool.reserve(&mut table, len).unwrap();
+            table.len = len;
+            for p in 0..len {
+                // Four channels of every key carry a large bias, as Qwen2.5's keys do: one
+                // bf16 step of such a key (0.25) outweighs the score differences.
+                let bias = |i: usize| if i % hd < 4 { 40.0 } else { 0.0 };
+                let k: Vec<f32> =
+                    (0..kv_heads * hd).map(|i| ((p * 7 + i) as f32 * 0.31).sin() * 2.0 + bias(i)).collect();
+                let v: Vec<f32> = (0..kv_heads * hd).map(|i| ((p * 11 + i) as f32 * 0.17).cos()).collect();
+                pool.write(&table, 0, p, &k, &v);
+            }
+            pool.track_attention(true);
+            (pool, table)
+        };
+        let (mut pool, table) = build();
+        let sinks = [0.5, -1.0, 2.0, 0.0, 1.0, -0.5];
+        let q: Vec<f32> = (0..len * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
+        for (window, sinks) in [(usize::MAX, None), (24, Some(&sinks[..]))] {
+            let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.125, sinks };
+            let queries: Vec<QueryPos<'_>> =
+                (0..len).map(|pos| QueryPos { table: &table, pos, first: (pos + 1).saturating_sub(window) }).collect();
+            let run = |pool: &KvPool, amx: bool| {
+                let mut out = vec![f32::NAN; q.len()];
+                attend(pool, 0, &shape, &queries, &q, &mut out, amx);
+                out
+            };
+            // The weight each block received, from a fresh count.
+            let received =
+                |pool: &KvPool| table.blocks.iter().map(|&id| pool.attention_received(id)).collect::<Vec<_>>();
+            let ((f32_pool, t1), (amx_pool, t2)) = (build(), build());
+            assert!(t1.blocks == table.blocks && t2.blocks == table.blocks);
+            let (f32_out, amx_out) = (run(&f32_pool, false), run(&amx_pool, true));
+            assert_ne!(f32_out, amx_out, "the step took the tiles");
+            let worst = f32_out.iter().zip(&amx_out).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            // Values rounded to bf16 (a step of 2^-8 at 1) move outputs by up to 3.3e-3; keys
+            // rounded to bf16 too moved them by 1.1e-2.
+            assert!(worst < 6e-3, "window {window}: outputs {worst} apart");
+            for (a, b) in received(&f32_pool).iter().zip(received(&amx_pool)) {
+                let (a, b) = (a.unwrap(), b.unwrap());
+                assert!((a - b).abs() < 1e-3 * a.max(1e-3), "window {window}: weight received {a} vs {b}");
+            }
+        }
+        // Block 2 at int8: the tiles that see it take the f32 kernels, at their bits; those
+        // that do not (the first two) stay on tiles.
+        assert!(pool.set_level(&table, 2, None, Level::Int8));
+        let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.125, sinks: None };
+        let queries: Vec<QueryPos<'_>> = (0..len).map(|pos| QueryPos { table: &table, pos, first: 0 }).collect();
+        let (mut plain, mut tiles) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+        attend(&pool, 0, &shape, &queries, &q, &mut plain, false);
+        attend(&pool, 0, &shape, &queries, &q, &mut tiles, true);
+        let split = 2 * BLOCK_TOKENS * heads * hd;
+        assert_eq!(plain[split..], tiles[split..]);
+        assert_ne!(plain[..split], tiles[..split]);
     }
 
     #[test]
@@ -517,10 +688,10 @@ mod tests {
         let tile =
             [QueryPos { table: &table, pos: len - 2, first: 0 }, QueryPos { table: &table, pos: len - 1, first: 0 }];
         let mut widened = vec![0.0; q.len()];
-        attend(&pool, 0, &shape, &tile, &q, &mut widened);
+        attend(&pool, 0, &shape, &tile, &q, &mut widened, false);
         // The second query alone, as a decoding token: every block read in place.
         let mut alone = vec![0.0; heads * hd];
-        attend(&pool, 0, &shape, &tile[1..], &q[heads * hd..], &mut alone);
+        attend(&pool, 0, &shape, &tile[1..], &q[heads * hd..], &mut alone, false);
         assert!(alone.iter().any(|&x| x != 0.0));
         assert_eq!(alone, widened[heads * hd..], "the same sums in the same order give the same bits");
         // And both are attention over the values the levels stand for (their codes times their
@@ -587,7 +758,7 @@ mod tests {
         };
         let run = |pool: &KvPool, table: &BlockTable| {
             let mut out = vec![0.0; q.len()];
-            attend(pool, 0, &shape, &[QueryPos { table, pos: len - 1, first: 0 }], &q, &mut out);
+            attend(pool, 0, &shape, &[QueryPos { table, pos: len - 1, first: 0 }], &q, &mut out, false);
             out
         };
         let want = |kept: &[usize]| -> Vec<f32> {
@@ -632,7 +803,7 @@ mod tests {
         let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.7).cos()).collect();
         let run = |pool: &KvPool| {
             let mut out = vec![0.0; q.len()];
-            attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out);
+            attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out, false);
             out
         };
         pool.track_attention(true);

@@ -487,10 +487,17 @@ impl Scheduler {
             if allowed == 0 {
                 continue;
             }
-            let end = (r.next_feed + allowed).min(r.feed.len());
-            let n = end - r.next_feed;
+            let (start, mut end) = (r.next_feed, (r.next_feed + allowed).min(r.feed.len()));
+            let mut n = end - start;
             let mut room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
             if !room && std::mem::take(&mut may_ask) && self.control(Some(n.div_ceil(BLOCK_TOKENS) + 1)) {
+                room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
+            }
+            // A lone sequence's chunk may be larger than the budget was sized for at load
+            // (`prefill_chunk` raised since, sliding layers budgeted for one chunk beside their
+            // windows): nothing finishing will make room, so it reads in halves until one fits.
+            while !room && self.running.len() == 1 && n > BLOCK_TOKENS {
+                (n, end) = (n / 2, start + n / 2);
                 room = self.pool.reserve(&mut self.running[s].table, n).is_ok();
             }
             if !room {

@@ -146,9 +146,9 @@ impl AttentionWeights {
         qk(&mut s.q, &mut s.k);
         rotate_and_store(rope, (&mut *pool, tables), layer, batch, shape.head_dim, s);
         let queries = queries(batch, tables, window);
-        s.attn.clear();
+        // `attend` writes every output.
         s.attn.resize(n * shape.heads * shape.head_dim, 0.0);
-        attend(pool, layer, shape, &queries, &s.q, &mut s.attn);
+        attend(pool, layer, shape, &queries, &s.q, &mut s.attn, self.q.on_tiles(n));
         self.o.forward(&s.attn, n, &mut s.o);
     }
 }

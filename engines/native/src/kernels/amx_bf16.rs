@@ -9,7 +9,10 @@
 //! in 32-value steps in the same order whatever the batch, its tile neighbours or the blocking,
 //! so an output does not depend on the inputs it was computed beside; the order differs from
 //! `avx512_bf16.rs` (one chain per output here, 16 lanes there), so the bits do too. Callers
-//! check the CPU ([`available`]) and the row length ([`STEP`]) first.
+//! check the CPU ([`available`]) and the row length ([`STEP`]) first. Attention
+//! (`attention_amx.rs`) takes the same products with query or weight rows in the first
+//! operand and the cache's keys (packed as inputs) or values ([`Inputs::interleave`]) in the
+//! second.
 //!
 //! The instructions are written in `asm!` (Rust's AMX intrinsics are not stable); the tile
 //! registers are not the compiler's, so they keep their contents between statements. Tiles:
@@ -93,7 +96,7 @@ impl Inputs {
     pub unsafe fn pack(&mut self, x: &[u16], n: usize, k: usize) {
         assert!(k.is_multiple_of(STEP) && x.len() >= n * k);
         let (groups, steps, pairs) = (n.div_ceil(ROWS), k / STEP, k / 2);
-        self.lines.clear();
+        // Every line is written below, missing inputs' as zeros.
         self.lines.resize(groups * steps * ROWS, Line::default());
         (self.steps, self.groups) = (steps, groups);
         // SAFETY: the caller checked the CPU (`available` asks for AVX-512); the reads stay
@@ -127,6 +130,60 @@ impl Inputs {
         }
     }
 
+    /// The second operand from a `k x n` matrix `x` stored by rows whose `n` columns are the
+    /// inputs, summed over its `k` rows (attention's values: a position a row, a channel a
+    /// column): for each group of 16 columns and each step of 32 rows, line `p` holds rows
+    /// `2p` and `2p + 1` of the step interleaved. Rows past `k`, to the step's end, are zero.
+    ///
+    /// # Safety
+    /// The CPU must pass [`available`].
+    pub unsafe fn interleave(&mut self, x: &[u16], k: usize, n: usize) {
+        assert!(n.is_multiple_of(ROWS) && x.len() >= k * n);
+        let (groups, steps) = (n / ROWS, k.div_ceil(STEP));
+        // Every line is written below, those past `k` as zeros.
+        self.lines.resize(groups * steps * ROWS, Line::default());
+        (self.steps, self.groups) = (steps, groups);
+        // SAFETY: the caller checked the CPU (`available` asks for AVX-512 BW); the reads stay
+        // inside the k rows of x, the writes inside `lines`.
+        unsafe { interleave(&x[..k * n], k, n, &mut self.lines) };
+
+        #[target_feature(enable = "avx512f,avx512bw")]
+        unsafe fn interleave(x: &[u16], k: usize, n: usize, lines: &mut [Line]) {
+            use std::arch::x86_64::*;
+            // Lanes 2j and 2j + 1 of a line: column j of the first row, then of the second.
+            let order = _mm512_set_epi16(
+                31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                17, 1, 16, 0,
+            );
+            let (groups, steps) = (n / ROWS, k.div_ceil(STEP));
+            let row = |r: usize, g: usize| {
+                if r < k {
+                    // SAFETY: row r < k of x holds columns g * 16..g * 16 + 16.
+                    unsafe { _mm256_loadu_si256(x.as_ptr().add(r * n + g * ROWS) as *const __m256i) }
+                } else {
+                    _mm256_setzero_si256()
+                }
+            };
+            for g in 0..groups {
+                for s in 0..steps {
+                    let tile = &mut lines[(g * steps + s) * ROWS..][..ROWS];
+                    for (p, line) in tile.iter_mut().enumerate() {
+                        let r = s * STEP + 2 * p;
+                        if r >= k {
+                            *line = Line::default();
+                            continue;
+                        }
+                        let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(r, g)), row(r + 1, g));
+                        // SAFETY: a line is 64 aligned bytes.
+                        unsafe {
+                            _mm512_store_si512(line.0.as_mut_ptr() as *mut _, _mm512_permutexvar_epi16(order, both))
+                        };
+                    }
+                }
+            }
+        }
+    }
+
     /// The tile of group `g`, step `s`.
     fn tile(&self, g: usize, s: usize) -> *const Line {
         self.lines[(g * self.steps + s) * ROWS..].as_ptr()
@@ -148,9 +205,12 @@ impl Weights {
         debug_assert!(k.is_multiple_of(STEP) && w.len().is_multiple_of(k) && w.len() <= 2 * ROWS * k);
         let (rows, steps) = (w.len() / k, k / STEP);
         let tiles = rows.div_ceil(ROWS);
-        self.lines.clear();
         self.lines.resize(tiles * steps * ROWS, Line::default());
         (self.steps, self.tiles) = (steps, tiles);
+        // The last tile's rows past the weight's are zero: their lines, of every step.
+        for s in (0..steps).filter(|_| tiles > 0) {
+            self.lines[((tiles - 1) * steps + s) * ROWS..][rows - (tiles - 1) * ROWS..ROWS].fill(Line::default());
+        }
         for (r, row) in w.chunks_exact(k).enumerate() {
             let (tile, i) = (r / ROWS, r % ROWS);
             for (s, values) in row.chunks_exact(STEP).enumerate() {

@@ -16,12 +16,13 @@ pub fn available() -> bool {
         && is_x86_feature_detected!("avx512bf16")
 }
 
-/// `src` rounded to bf16 (to nearest even) into `dst` (the same length).
+/// `src` (f32 or f16, [`Widen16`]) rounded to bf16 (to nearest even) into `dst` (the same
+/// length).
 ///
 /// # Safety
 /// The CPU must pass [`available`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub unsafe fn narrow(src: &[f32], dst: &mut [u16]) {
+pub unsafe fn narrow<T: Widen16>(src: &[T], dst: &mut [u16]) {
     assert_eq!(src.len(), dst.len());
     let mut i = 0;
     while i < src.len() {
@@ -29,11 +30,60 @@ pub unsafe fn narrow(src: &[f32], dst: &mut [u16]) {
         let mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
         // SAFETY: the masks limit both accesses to the `left` values that remain.
         unsafe {
-            let v = _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i));
-            let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(T::widen16(mask, src.as_ptr().add(i))));
             _mm256_mask_storeu_epi16(dst.as_mut_ptr().add(i) as *mut i16, mask, b);
         }
         i += 16;
+    }
+}
+
+/// Each value of `src` as the sum of two bf16 values, `hi` its rounding to bf16 (to nearest
+/// even) and `lo` the rest's: 16 bits of precision where one bf16 has 8, and every f16 value
+/// exactly. `src` is f32 or f16 ([`Widen16`]); all three have its length.
+///
+/// # Safety
+/// The CPU must pass [`available`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn split<T: Widen16>(src: &[T], hi: &mut [u16], lo: &mut [u16]) {
+    assert!(src.len() == hi.len() && src.len() == lo.len());
+    let mut i = 0;
+    while i < src.len() {
+        let left = (src.len() - i).min(16);
+        let mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
+        // SAFETY: the masks limit every access to the `left` values that remain.
+        unsafe {
+            let v = T::widen16(mask, src.as_ptr().add(i));
+            let bits = |b: __m256bh| std::mem::transmute::<__m256bh, __m256i>(b);
+            let h = bits(_mm512_cvtneps_pbh(v));
+            let back = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+            let l = bits(_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+            _mm256_mask_storeu_epi16(hi.as_mut_ptr().add(i) as *mut i16, mask, h);
+            _mm256_mask_storeu_epi16(lo.as_mut_ptr().add(i) as *mut i16, mask, l);
+        }
+        i += 16;
+    }
+}
+
+/// Values [`split`] reads: up to 16 of them widened to f32.
+pub trait Widen16: Copy {
+    /// # Safety
+    /// The lanes of `mask` are readable at `p`; the CPU has AVX-512F.
+    unsafe fn widen16(mask: u16, p: *const Self) -> __m512;
+}
+
+impl Widen16 for f32 {
+    #[inline(always)]
+    unsafe fn widen16(mask: u16, p: *const f32) -> __m512 {
+        // SAFETY: the caller's.
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
+    }
+}
+
+impl Widen16 for half::f16 {
+    #[inline(always)]
+    unsafe fn widen16(mask: u16, p: *const half::f16) -> __m512 {
+        // SAFETY: the caller's; AVX-512F converts f16.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)) }
     }
 }
 
@@ -125,5 +175,13 @@ mod tests {
         // SAFETY: as above.
         unsafe { narrow(&[1.0 + 1.0 / 256.0], &mut one) };
         assert_eq!(one[0], half::bf16::from_f32(1.0).to_bits());
+        // From f16, subnormals included, as from their f32 values.
+        let bits = (0..37).map(|i| (i * 1777 % 65536) as u16).chain([1, 0x3ff, 0x8001, 0x7bff]);
+        let src: Vec<half::f16> = bits.map(half::f16::from_bits).filter(|v| v.is_finite()).collect();
+        let mut dst = vec![0u16; src.len()];
+        // SAFETY: as above.
+        unsafe { narrow(&src, &mut dst) };
+        let want: Vec<u16> = src.iter().map(|&v| half::bf16::from_f32(v.to_f32()).to_bits()).collect();
+        assert_eq!(dst, want);
     }
 }

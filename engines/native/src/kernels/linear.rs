@@ -103,6 +103,12 @@ impl Linear {
         Linear { weight, bias, rows, cols, bf16_products, amx }
     }
 
+    /// Whether a call of `n` input rows takes AMX tiles: prompt chunks, where the CPU has AMX
+    /// and the model allows it. Below that, every output keeps the bits it has at any batch.
+    pub fn on_tiles(&self, n: usize) -> bool {
+        self.amx && n >= GEMM_MIN_ROWS
+    }
+
     /// How the weight is stored.
     pub fn dtype(&self) -> DType {
         self.weight.dtype
@@ -170,7 +176,7 @@ fn widen_bf16(src: &[u16], dst: &mut [f32]) {
 /// Runs several projections of the same input `x` (`n x cols`, equal `cols`) in one parallel
 /// call, each into its own output (`n x rows`).
 pub fn forward_many(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize) {
-    let kernels = if n >= GEMM_MIN_ROWS && jobs.iter().all(|(l, _)| l.amx) {
+    let kernels = if jobs.iter().all(|(l, _)| l.on_tiles(n)) {
         Kernels::Amx
     } else if jobs.iter().all(|(l, _)| l.bf16_products) {
         Kernels::Bf16
@@ -195,7 +201,7 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
     let (mut starts, mut linears, mut outs) = (Vec::new(), Vec::new(), Vec::new());
     let mut tiles = 0;
     for (l, y) in jobs.iter_mut() {
-        y.clear();
+        // Every output is written below (no zeroing): resizing keeps the buffer from before.
         y.resize(n * l.rows, 0.0);
         starts.push(tiles);
         linears.push(*l);

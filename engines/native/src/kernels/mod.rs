@@ -30,6 +30,8 @@ macro_rules! up_to_four {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx_bf16;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod attention_amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attention_int4;

@@ -376,6 +376,23 @@ fn gemma3_sliding_layers_hold_the_window_and_prefixes_stay_usable() {
     assert_eq!(res4.cached_tokens as usize, common, "a prompt parting at {common}");
 }
 
+/// `prefill_chunk` raised after load past what the cache's budget was sized for (Gemma 3's
+/// sliding layers budgeted for about two windows and one chunk): a lone long prompt still goes
+/// through, in pieces that fit, where it used to end at once with `length` and no tokens.
+#[test]
+fn a_prefill_chunk_raised_after_load_still_reads_a_long_prompt() {
+    let hamlet = std::fs::read_to_string(cached_model("corpus/hamlet_gut.txt")).unwrap();
+    let words: Vec<&str> = hamlet.split_whitespace().collect();
+    let e = engine(1);
+    e.load_model(&spec("gemma3", &cached_model("gemma3-hf"))).unwrap();
+    e.set_config(Some("gemma3"), "prefill_chunk", &serde_json::json!(2048)).unwrap();
+    let prompt = words[3000..4300].join(" ");
+    let p = InferParams::new(1, "gemma3", &prompt, Sampling { max_tokens: Some(4), ..Sampling::greedy() });
+    let res = e.infer(&p, |_| true).unwrap();
+    assert!((1800..2040).contains(&res.prompt_tokens), "{} prompt tokens in a context of 2048", res.prompt_tokens);
+    assert_eq!((res.finish_reason, res.completion_tokens), (FinishReason::Length, 4), "{res:?}");
+}
+
 /// The token ids of a generation, its text, and whether each token was its logits' argmax (the
 /// request must ask for logprobs).
 fn ids(e: &EngineInstance, p: &InferParams<'_>) -> (Vec<i32>, String, Vec<bool>) {
