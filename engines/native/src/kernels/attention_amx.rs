@@ -177,8 +177,9 @@ mod tests {
     }
 
     /// The scores against exact f64 sums, the weighted sums against f64 sums of the operands
-    /// rounded to bf16, over runs that split the positions unevenly, a length that is not a whole step and a row count that is not a
-    /// whole tile; and a row computed alone has the bits it has among others.
+    /// rounded to bf16, over runs that split the positions unevenly, a length that is not a
+    /// whole step and a row count that is not a whole tile; and a row computed alone has the
+    /// bits it has among others.
     #[test]
     fn scores_are_exact_to_16_bits_and_weighted_sums_the_products_of_the_rounded_operands() {
         if !available() {
