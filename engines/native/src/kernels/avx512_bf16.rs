@@ -27,7 +27,7 @@ pub unsafe fn narrow<T: Widen16>(src: &[T], dst: &mut [u16]) {
     let mut i = 0;
     while i < src.len() {
         let left = (src.len() - i).min(16);
-        let mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
+        let mask = lanes_mask(left);
         // SAFETY: the masks limit both accesses to the `left` values that remain.
         unsafe {
             let b: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(T::widen16(mask, src.as_ptr().add(i))));
@@ -49,7 +49,7 @@ pub unsafe fn split<T: Widen16>(src: &[T], hi: &mut [u16], lo: &mut [u16]) {
     let mut i = 0;
     while i < src.len() {
         let left = (src.len() - i).min(16);
-        let mask = if left == 16 { u16::MAX } else { (1u16 << left) - 1 };
+        let mask = lanes_mask(left);
         // SAFETY: the masks limit every access to the `left` values that remain.
         unsafe {
             let v = T::widen16(mask, src.as_ptr().add(i));
@@ -64,7 +64,7 @@ pub unsafe fn split<T: Widen16>(src: &[T], hi: &mut [u16], lo: &mut [u16]) {
     }
 }
 
-/// Values [`split`] reads: up to 16 of them widened to f32.
+/// Values [`narrow`] and [`split`] read: up to 16 of them widened to f32.
 pub trait Widen16: Copy {
     /// # Safety
     /// The lanes of `mask` are readable at `p`; the CPU has AVX-512F.
@@ -84,6 +84,16 @@ impl Widen16 for half::f16 {
     unsafe fn widen16(mask: u16, p: *const half::f16) -> __m512 {
         // SAFETY: the caller's; AVX-512F converts f16.
         unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p as *const i16)) }
+    }
+}
+
+/// The mask of the first `left` (up to 16) lanes of a register of 16.
+#[inline(always)]
+fn lanes_mask(left: usize) -> u16 {
+    if left >= 16 {
+        u16::MAX
+    } else {
+        (1u16 << left) - 1
     }
 }
 
