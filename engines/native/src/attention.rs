@@ -159,7 +159,8 @@ impl<'b> Tile<'_, 'b> {
         for (r, row) in scores.chunks_exact_mut(len).enumerate() {
             let qp = &self.queries[r / group];
             let (a, b) = (qp.first - span.first, qp.pos + 1 - span.first);
-            softmax::<true>(&mut row[a..b], shape.sinks.map(|s| s[kv * group + r % group]));
+            // SAFETY: AMX CPUs have AVX-512F (the caller checked).
+            unsafe { attention_amx::softmax(&mut row[a..b], shape.sinks.map(|s| s[kv * group + r % group])) };
             row[..a].fill(0.0);
             row[b..].fill(0.0);
         }

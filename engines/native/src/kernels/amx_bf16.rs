@@ -88,46 +88,43 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// `n` inputs of `k` bf16 values (rows of `x`, `k` a multiple of [`STEP`]): for each group
-    /// and step, the 16 inputs' 16 pairs turned to columns in registers.
+    /// `n` inputs of `k` values (rows of `x`, bf16 or f32 rounded to bf16 ([`Bf16Rows`]), `k` a
+    /// multiple of [`STEP`]): for each group and step, the 16 inputs' 16 pairs turned to
+    /// columns in registers.
     ///
     /// # Safety
     /// The CPU must pass [`available`].
-    pub unsafe fn pack(&mut self, x: &[u16], n: usize, k: usize) {
-        assert!(k.is_multiple_of(STEP) && x.len() >= n * k);
-        let (groups, steps, pairs) = (n.div_ceil(ROWS), k / STEP, k / 2);
-        // Every line is written below, missing inputs' as zeros.
+    pub unsafe fn pack<T: Bf16Rows>(&mut self, x: &[T], n: usize, k: usize) {
+        let group = self.shape(x.len(), n, k);
+        for (g, tiles) in self.lines.chunks_exact_mut(group).enumerate() {
+            // SAFETY: the caller checked the CPU; shape() checked x against n and k.
+            unsafe { pack_group(x, n, k, g, tiles) };
+        }
+    }
+
+    /// [`Self::pack`] with the groups spread over the current rayon pool: a projection's
+    /// inputs, packed once for every task, where one thread packing them kept the others
+    /// waiting.
+    ///
+    /// # Safety
+    /// The CPU must pass [`available`].
+    pub unsafe fn pack_on_pool<T: Bf16Rows + Sync>(&mut self, x: &[T], n: usize, k: usize) {
+        use rayon::prelude::*;
+        let group = self.shape(x.len(), n, k);
+        self.lines.par_chunks_exact_mut(group).enumerate().for_each(|(g, tiles)| {
+            // SAFETY: as in pack().
+            unsafe { pack_group(x, n, k, g, tiles) };
+        });
+    }
+
+    /// Sizes the lines for `n` inputs of `k` values (every line is then written by
+    /// [`pack_group`], missing inputs' as zeros); the lines of one group.
+    fn shape(&mut self, len: usize, n: usize, k: usize) -> usize {
+        assert!(k.is_multiple_of(STEP) && len >= n * k);
+        let (groups, steps) = (n.div_ceil(ROWS), k / STEP);
         self.lines.resize(groups * steps * ROWS, Line::default());
         (self.steps, self.groups) = (steps, groups);
-        // SAFETY: the caller checked the CPU (`available` asks for AVX-512); the reads stay
-        // inside the n rows of x, the writes inside `lines`.
-        unsafe { pack(&x[..n * k], n, pairs, &mut self.lines) };
-
-        #[target_feature(enable = "avx512f")]
-        unsafe fn pack(x: &[u16], n: usize, pairs: usize, lines: &mut [Line]) {
-            use std::arch::x86_64::*;
-            let steps = pairs / ROWS;
-            for g in 0..n.div_ceil(ROWS) {
-                let count = (n - g * ROWS).min(ROWS);
-                for s in 0..steps {
-                    let rows = std::array::from_fn(|j| {
-                        if j < count {
-                            // SAFETY: input g * 16 + j < n; its pairs s * 16.. hold 64 bytes.
-                            unsafe {
-                                _mm512_loadu_ps(x.as_ptr().add(((g * ROWS + j) * pairs + s * ROWS) * 2) as *const f32)
-                            }
-                        } else {
-                            _mm512_setzero_ps()
-                        }
-                    });
-                    let tile = &mut lines[(g * steps + s) * ROWS..][..ROWS];
-                    for (line, column) in tile.iter_mut().zip(transpose(rows)) {
-                        // SAFETY: a line is 64 aligned bytes.
-                        unsafe { _mm512_store_ps(line.0.as_mut_ptr() as *mut f32, column) };
-                    }
-                }
-            }
-        }
+        steps * ROWS
     }
 
     /// The second operand from a `k x n` matrix `x` stored by rows whose `n` columns are the
@@ -190,6 +187,62 @@ impl Inputs {
     }
 }
 
+/// Input rows [`Inputs::pack`] reads: bf16 as they are, or f32 rounded to bf16 on the way.
+pub trait Bf16Rows: Copy {
+    /// The 32 values at `p` as bf16, in order.
+    ///
+    /// # Safety
+    /// 32 values are readable at `p`; the CPU passes [`available`].
+    unsafe fn step(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Bf16Rows for u16 {
+    #[inline(always)]
+    unsafe fn step(p: *const u16) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p as *const f32) }
+    }
+}
+
+impl Bf16Rows for f32 {
+    /// To nearest even, as `avx512_bf16::narrow` rounds.
+    #[inline(always)]
+    unsafe fn step(p: *const f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's; AMX CPUs have AVX-512 BF16 (available() asks for it).
+        unsafe {
+            let both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
+            std::mem::transmute::<__m512bh, __m512>(both)
+        }
+    }
+}
+
+/// Group `g` of the `n` inputs `x` (`k` values each) into its lines `tiles` (one tile a step),
+/// each step's 16 inputs' 16 pairs turned to columns.
+///
+/// # Safety
+/// The CPU must pass [`available`]; `x` holds `n` rows of `k` values and `tiles` the group's
+/// `k / 2` lines.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn pack_group<T: Bf16Rows>(x: &[T], n: usize, k: usize, g: usize, tiles: &mut [Line]) {
+    use std::arch::x86_64::*;
+    let count = (n - g * ROWS).min(ROWS);
+    for (s, tile) in tiles.chunks_exact_mut(ROWS).enumerate() {
+        let rows = std::array::from_fn(|j| {
+            if j < count {
+                // SAFETY: input g * 16 + j < n; its values s * 32.. are inside its row.
+                unsafe { T::step(x.as_ptr().add((g * ROWS + j) * k + s * STEP)) }
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        for (line, column) in tile.iter_mut().zip(transpose(rows)) {
+            // SAFETY: a line is 64 aligned bytes.
+            unsafe { _mm512_store_ps(line.0.as_mut_ptr() as *mut f32, column) };
+        }
+    }
+}
+
 /// Up to 32 weight rows as tiles of the first operand, each tile's 16 rows of a step on 16
 /// lines one after the other. Tiles in the order [tile][step]; rows past the weight's are zero.
 #[derive(Default)]
@@ -201,8 +254,11 @@ pub struct Weights {
 
 impl Weights {
     /// The rows `w` (`k` values each, `k` a multiple of [`STEP`], at most 32 rows).
-    pub fn copy(&mut self, w: &[u16], k: usize) {
-        debug_assert!(k.is_multiple_of(STEP) && w.len().is_multiple_of(k) && w.len() <= 2 * ROWS * k);
+    ///
+    /// # Safety
+    /// The CPU must pass [`available`].
+    pub unsafe fn copy(&mut self, w: &[u16], k: usize) {
+        assert!(k.is_multiple_of(STEP) && w.len().is_multiple_of(k) && w.len() <= 2 * ROWS * k);
         let (rows, steps) = (w.len() / k, k / STEP);
         let tiles = rows.div_ceil(ROWS);
         self.lines.resize(tiles * steps * ROWS, Line::default());
@@ -211,14 +267,24 @@ impl Weights {
         for s in (0..steps).filter(|_| tiles > 0) {
             self.lines[((tiles - 1) * steps + s) * ROWS..][rows - (tiles - 1) * ROWS..ROWS].fill(Line::default());
         }
-        for (r, row) in w.chunks_exact(k).enumerate() {
-            let (tile, i) = (r / ROWS, r % ROWS);
-            for (s, values) in row.chunks_exact(STEP).enumerate() {
-                let line = &mut self.lines[(tile * steps + s) * ROWS + i];
-                // SAFETY: 32 u16 are the 64 bytes of a line; the two do not overlap.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(values.as_ptr() as *const u8, line as *mut Line as *mut u8, 64)
-                };
+        // SAFETY: the caller checked the CPU (AVX-512F with AMX); the lines hold tiles x steps
+        // tiles of 16, and row r's step s goes to line (tile * steps + s) * 16 + r % 16.
+        unsafe { copy(w, rows, steps, &mut self.lines) };
+
+        /// 64 bytes a move (the baseline target copies 16).
+        #[target_feature(enable = "avx512f")]
+        unsafe fn copy(w: &[u16], rows: usize, steps: usize, lines: &mut [Line]) {
+            use std::arch::x86_64::*;
+            let (src, dst) = (w.as_ptr(), lines.as_mut_ptr());
+            for r in 0..rows {
+                let (tile, i) = (r / ROWS, r % ROWS);
+                for s in 0..steps {
+                    // SAFETY: row r's step s is inside w; its line inside `lines`, aligned.
+                    unsafe {
+                        let v = _mm512_loadu_si512(src.add((r * steps + s) * STEP) as *const _);
+                        _mm512_store_si512(dst.add((tile * steps + s) * ROWS + i) as *mut _, v);
+                    }
+                }
             }
         }
     }
@@ -288,15 +354,21 @@ fn transpose(r: [std::arch::x86_64::__m512; ROWS]) -> [std::arch::x86_64::__m512
 }
 
 /// The products of the weight tiles (one or two) with every input group, handed to
-/// `put(group, tile, sums)`.
+/// `put(group, tile, sums)`. `ahead` is what the thread's next call will copy (the next weight
+/// rows, or nothing): its cache lines are fetched into L2 a few a step, so that the copy finds
+/// them there instead of waiting on memory (it took a seventh of a prompt's projections).
 ///
 /// # Safety
 /// The CPU must pass [`available`]; `weights` and `inputs` hold rows of the same length.
-pub unsafe fn products(weights: &Weights, inputs: &Inputs, mut put: impl FnMut(usize, usize, &Sums)) {
+pub unsafe fn products(weights: &Weights, inputs: &Inputs, ahead: &[u16], mut put: impl FnMut(usize, usize, &Sums)) {
     debug_assert!(weights.steps == inputs.steps);
     let (steps, groups, second) = (weights.steps, inputs.groups, weights.tiles == 2);
     let line = std::mem::size_of::<Line>();
     let mut sums = Sums([[0.0; ROWS]; ROWS]);
+    // `ahead`'s cache lines, a few each step (one more for a start inside a line).
+    let ahead_lines = (ahead.len() * 2).div_ceil(line) + usize::from(!ahead.is_empty());
+    let per_step = ahead_lines.div_ceil((groups.div_ceil(2) * steps).max(1));
+    let mut fetched = 0;
     // SAFETY: every tile load reads 16 lines inside `weights` or `inputs` (tile(.., s) for
     // s < steps, g < groups); the stores write 1 KiB into `sums`.
     unsafe {
@@ -306,6 +378,12 @@ pub unsafe fn products(weights: &Weights, inputs: &Inputs, mut put: impl FnMut(u
             let two = g + 1 < groups;
             asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nomem, nostack));
             for s in 0..steps {
+                for _ in 0..per_step.min(ahead_lines - fetched) {
+                    // A prefetch never faults; the address stays in (or one line past) `ahead`.
+                    let p = ahead.as_ptr().wrapping_add(fetched * line / 2).cast::<i8>();
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p);
+                    fetched += 1;
+                }
                 asm!(
                     "tileloadd tmm4, [{w0} + {line} * 1]",
                     "tileloadd tmm6, [{x0} + {line} * 1]",
@@ -366,6 +444,37 @@ mod tests {
         half::bf16::from_f32(v).to_bits()
     }
 
+    /// f32 inputs packed straight into tiles are the bf16 rounding `narrow` gives, packed; the
+    /// pool's packing lays out the same lines as one thread's.
+    #[test]
+    fn f32_inputs_pack_as_their_bf16_rounding() {
+        if !available() {
+            eprintln!("no AMX on this CPU");
+            return;
+        }
+        let (k, n) = (64, 37); // two steps; two full groups and a partial one
+                               // Values with ties and bits below bf16's, signs, a zero.
+        let x: Vec<f32> = (0..n * k).map(|i| ((i * 5) as f32 * 0.37).sin() * (1.0 + (i % 7) as f32 * 1e-3)).collect();
+        let mut rounded = vec![0u16; x.len()];
+        let (mut want, mut direct, mut pooled) = (Inputs::default(), Inputs::default(), Inputs::default());
+        // SAFETY: available() checked the CPU (AVX-512 BF16 included).
+        unsafe {
+            crate::kernels::avx512_bf16::narrow(&x, &mut rounded);
+            want.pack(&rounded, n, k);
+            direct.pack(&x, n, k);
+            pooled.pack_on_pool(&x, n, k);
+        }
+        let bits = |i: &Inputs| i.lines.iter().flat_map(|l| l.0).collect::<Vec<u32>>();
+        assert_eq!(want.lines.len(), 3 * 2 * ROWS);
+        assert_eq!(bits(&direct), bits(&want));
+        assert_eq!(bits(&pooled), bits(&want));
+        // Column j of a line is input j's pair: the last group's missing inputs (5.. of 16)
+        // are zeros, its present ones are not.
+        for line in &direct.lines[2 * 2 * ROWS..] {
+            assert!(line.0[5..].iter().all(|&pair| pair == 0) && line.0[..5].iter().all(|&pair| pair != 0));
+        }
+    }
+
     /// Every sum is the sum of its row's products with its input (to f32 rounding), whichever
     /// tile and group it falls in, and its bits do not depend on the groups or tiles beside it.
     #[test]
@@ -378,15 +487,18 @@ mod tests {
         let w: Vec<u16> = (0..rows * k).map(|i| bf16(((i * 7) as f32 * 0.013).sin())).collect();
         let x: Vec<u16> = (0..n * k).map(|i| bf16(((i * 3) as f32 * 0.029).cos())).collect();
         let (mut weights, mut inputs) = (Weights::default(), Inputs::default());
-        weights.copy(&w, k);
         // SAFETY: available() checked the CPU.
-        unsafe { inputs.pack(&x, n, k) };
+        unsafe {
+            weights.copy(&w, k);
+            inputs.pack(&x, n, k);
+        }
         assert_eq!(weights.tiles, 2);
         let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
         let mut got = vec![f32::NAN; n * rows];
-        // SAFETY: available() checked the CPU; both hold rows of k values.
+        // SAFETY: available() checked the CPU; both hold rows of k values. (The rows fetched
+        // ahead, here the same ones, change nothing but where they sit.)
         unsafe {
-            products(&weights, &inputs, |g, tile, sums| {
+            products(&weights, &inputs, &w, |g, tile, sums| {
                 for (r, row) in sums.0.iter().enumerate() {
                     for (j, &v) in row.iter().enumerate() {
                         let t = g * ROWS + j;
@@ -413,11 +525,12 @@ mod tests {
             // SAFETY: as above.
             unsafe { one.pack(&x[t * k..(t + 1) * k], 1, k) };
             for (first, count) in [(0, ROWS), (rows - 5, 5)] {
-                weights.copy(&w[first * k..(first + count) * k], k);
+                // SAFETY: as above.
+                unsafe { weights.copy(&w[first * k..(first + count) * k], k) };
                 assert_eq!(weights.tiles, 1);
                 // SAFETY: as above.
                 unsafe {
-                    products(&weights, &one, |_, _, sums| {
+                    products(&weights, &one, &[], |_, _, sums| {
                         for r in 0..ROWS {
                             let v = sums.0[r][0];
                             if r < count {

@@ -1,7 +1,7 @@
 //! A prompt tile's attention on AMX tiles (`amx_bf16.rs`): the scores of the tile's query rows
 //! (its queries times the query heads of one KV head) against every key they see, and the
 //! weighted sums of the values, each as one tile product with f32 sums. The softmax between
-//! stays f32 (`attention.rs`).
+//! stays f32, on 16 lanes ([`softmax`]).
 //!
 //! The keys are exact and the queries kept to 16 bits, each as two bf16 halves ([`scores`]);
 //! the values and the softmax weights are rounded to bf16, as torch's bf16 attention rounds
@@ -70,7 +70,7 @@ pub unsafe fn scores<'q>(
         for (r, row) in s.rows.chunks_exact_mut(k).take(nr).enumerate() {
             unsafe { halves(&query(r0 + r)[..hd], row, Lo::Middle) };
         }
-        s.lhs.copy(&s.rows[..nr * k], k);
+        unsafe { s.lhs.copy(&s.rows[..nr * k], k) };
         // Tile `tile` of this chunk's rows against keys g * 16..
         let put = |g: usize, tile: usize, sums: &super::amx_bf16::Sums| {
             let keys = (len - g * ROWS).min(ROWS);
@@ -81,7 +81,7 @@ pub unsafe fn scores<'q>(
                 }
             }
         };
-        unsafe { products(&s.lhs, &s.rhs, put) };
+        unsafe { products(&s.lhs, &s.rhs, &[], put) };
     }
 }
 
@@ -139,7 +139,7 @@ pub unsafe fn weighted_sums(
             unsafe { narrow(&weights[(r0 + r) * len..][..len], &mut row[..len]) };
             row[len..].fill(0); // to the step's end, as the values
         }
-        s.lhs.copy(&s.rows[..nr * k], k);
+        unsafe { s.lhs.copy(&s.rows[..nr * k], k) };
         // Tile `tile` of this chunk's rows: channels g * 16.. of their sums.
         let put = |g: usize, tile: usize, sums: &super::amx_bf16::Sums| {
             for (i, sums) in sums.0.iter().enumerate().take(nr.saturating_sub(tile * ROWS)) {
@@ -147,7 +147,7 @@ pub unsafe fn weighted_sums(
                 unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), out(r0 + tile * ROWS + i).add(g * ROWS), ROWS) };
             }
         };
-        unsafe { products(&s.lhs, &s.rhs, put) };
+        unsafe { products(&s.lhs, &s.rhs, &[], put) };
     }
 }
 
@@ -167,6 +167,71 @@ unsafe fn gather(dst: &mut Vec<u16>, runs: &[&[f16]], hd: usize) -> usize {
     len / hd
 }
 
+/// Softmax of `x` in place, a `sink` logit counting in the denominator only: the tile rows'
+/// softmax on 16 lanes (the 8-lane one of `attention_avx2.rs`, which decode keeps for its
+/// bits, took 6% of a prompt). `-inf` scores (positions a query does not see) weigh exactly 0.
+///
+/// # Safety
+/// The CPU must have AVX-512F (AMX CPUs do).
+#[target_feature(enable = "avx512f")]
+pub unsafe fn softmax(x: &mut [f32], sink: Option<f32>) {
+    use std::arch::x86_64::*;
+    let (n, p) = (x.len(), x.as_mut_ptr());
+    let lanes = |i: usize| if n - i >= 16 { u16::MAX } else { (1u16 << (n - i)) - 1 };
+    let none = _mm512_set1_ps(f32::NEG_INFINITY);
+    // SAFETY (every access): the masks keep to the n values of x.
+    unsafe {
+        let mut m = none;
+        for i in (0..n).step_by(16) {
+            m = _mm512_max_ps(m, _mm512_mask_loadu_ps(none, lanes(i), p.add(i)));
+        }
+        let max = _mm512_reduce_max_ps(m).max(sink.unwrap_or(f32::NEG_INFINITY));
+        let mv = _mm512_set1_ps(max);
+        let mut sum = _mm512_setzero_ps();
+        for i in (0..n).step_by(16) {
+            let e = exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(none, lanes(i), p.add(i)), mv));
+            _mm512_mask_storeu_ps(p.add(i), lanes(i), e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        let sink = sink.map_or(0.0, |s| _mm512_cvtss_f32(exp16(_mm512_set1_ps(s - max))));
+        let inv = _mm512_set1_ps(1.0 / (_mm512_reduce_add_ps(sum) + sink));
+        for i in (0..n).step_by(16) {
+            let w = _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes(i), p.add(i)), inv);
+            _mm512_mask_storeu_ps(p.add(i), lanes(i), w);
+        }
+    }
+}
+
+/// `e^x` for each lane where `x <= 0`, as `attention_avx2::exp8` computes it (its constants,
+/// the same steps) on 16 lanes; 0 below the smallest normal result and for `-inf`.
+#[inline(always)]
+unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use super::attention_avx2::{EXP_LN2, EXP_LOWEST, EXP_POLY};
+    use std::arch::x86_64::*;
+    // SAFETY: register-only operations; the caller runs with AVX-512F.
+    unsafe {
+        let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(EXP_LOWEST));
+        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LOWEST));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2[0]), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2[1]), r);
+        let mut y = _mm512_set1_ps(EXP_POLY[0]);
+        for c in EXP_POLY[1..].iter().copied() {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        }
+        // e^r = 1 + r + r^2 * y
+        let y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
+        let pow2n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        )));
+        _mm512_maskz_mul_ps(keep, y, pow2n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +239,42 @@ mod tests {
 
     fn rounded(v: f32) -> f64 {
         half::bf16::from_f32(v).to_f64()
+    }
+
+    /// The 16-lane softmax is the 8-lane one up to the sum's order: lengths around whole
+    /// vectors, a sink, positions at -inf that weigh exactly 0, scores below e^-87.
+    #[test]
+    fn the_tile_softmax_matches_decodes_softmax() {
+        if !available() {
+            eprintln!("no AMX on this CPU");
+            return;
+        }
+        for n in [1, 7, 15, 16, 17, 33, 100] {
+            for sink in [None, Some(0.5f32)] {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| match i % 11 {
+                        3 => f32::NEG_INFINITY,
+                        5 => -120.0,
+                        _ => ((i * 7) as f32 * 0.37).sin() * 9.0,
+                    })
+                    .collect();
+                let (mut got, mut want) = (x.clone(), x.clone());
+                // SAFETY: available() checked the CPU (AVX-512F, AVX2 and FMA with it).
+                unsafe {
+                    softmax(&mut got, sink);
+                    crate::kernels::attention_avx2::softmax(&mut want, sink);
+                }
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * w.abs(), "n {n} sink {sink:?} [{i}]: {g} vs {w}");
+                    if x[i] == f32::NEG_INFINITY || x[i] == -120.0 {
+                        assert_eq!(g.to_bits(), 0, "n {n} [{i}]");
+                    }
+                }
+                let total: f32 = got.iter().sum();
+                // The sink takes its share of the denominator.
+                assert!(if sink.is_some() { total < 1.0 - 1e-6 } else { (total - 1.0).abs() < 1e-5 }, "n {n}: {total}");
+            }
+        }
     }
 
     /// The scores against exact f64 sums, the weighted sums against f64 sums of the operands

@@ -289,6 +289,14 @@ pub unsafe fn softmax(x: &mut [f32], sink: Option<f32>) {
     }
 }
 
+/// Below this `e^x` is taken as 0 (the smallest normal result is e^-87.34).
+pub(super) const EXP_LOWEST: f32 = -87.33;
+/// ln 2 in two parts, the first with few enough bits that `n` times it is exact.
+pub(super) const EXP_LN2: [f32; 2] = [0.693_359_4, -2.121_944_4e-4];
+/// The Cephes polynomial `y(r)`, highest degree first: `e^r = 1 + r + r^2 y(r)`.
+pub(super) const EXP_POLY: [f32; 6] =
+    [1.987_569_2e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
 /// `e^x` for each lane where `x <= 0` (what softmax takes), within about 2 ulp; 0 below the
 /// smallest normal result, and for `-inf` (positions that weigh nothing stay at exactly 0).
 /// The Cephes method: `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-5 polynomial for
@@ -297,18 +305,17 @@ pub unsafe fn softmax(x: &mut [f32], sink: Option<f32>) {
 unsafe fn exp8(x: __m256) -> __m256 {
     // SAFETY: register-only operations; the caller runs with AVX2 and FMA.
     unsafe {
-        const LOWEST: f32 = -87.33;
-        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(LOWEST));
-        let x = _mm256_max_ps(x, _mm256_set1_ps(LOWEST));
+        let zero = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_LOWEST));
+        let x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LOWEST));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
             x,
             _mm256_set1_ps(std::f32::consts::LOG2_E),
         ));
         // r = x - n ln 2, with ln 2 in two parts so that n * the first is exact.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_2e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2[0]), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2[1]), r);
+        let mut y = _mm256_set1_ps(EXP_POLY[0]);
+        for c in EXP_POLY[1..].iter().copied() {
             y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
         }
         // e^r = 1 + r + r^2 * y

@@ -208,23 +208,28 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
         outs.push(Out(y.as_mut_ptr()));
         tiles += l.rows.div_ceil(tile_rows);
     }
-    // The inputs rounded to bf16 once, for every task.
+    // The inputs rounded to bf16 once, for every task: for the dot kernels as rows, for the
+    // tiles straight into the tiles' layout (the calling thread's buffer, kept from call to
+    // call: a prompt chunk's is a few hundred KiB).
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut narrow = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    let mut packed = amx_bf16::Inputs::default();
+    thread_local!(static PACKED: std::cell::RefCell<amx_bf16::Inputs> = std::cell::RefCell::default());
     #[cfg(target_arch = "x86_64")]
-    if matches!(kernels, Kernels::Bf16 | Kernels::Amx) {
+    let packed = (kernels == Kernels::Amx).then(|| {
+        let mut packed = PACKED.take();
+        // SAFETY: the weights have `amx`, which Linear::new grants only where the CPU passes
+        // amx_bf16::available().
+        unsafe { packed.pack_on_pool(x, n, cols) };
+        packed
+    });
+    #[cfg(target_arch = "x86_64")]
+    if kernels == Kernels::Bf16 {
         debug_assert!(jobs.iter().all(|(l, _)| l.bf16_products));
         narrow.resize(x.len(), 0);
         // SAFETY: the weights have bf16_products, which Linear::new grants only where the CPU
         // passes avx512_bf16::available().
         unsafe { avx512_bf16::narrow(x, &mut narrow) };
-        if kernels == Kernels::Amx {
-            // SAFETY: the weights have `amx`, which Linear::new grants only where the CPU passes
-            // amx_bf16::available().
-            unsafe { packed.pack(&narrow, n, cols) };
-        }
     }
     // Enough tasks to balance, few enough that each amortises its scheduling.
     let per_task = (tiles / (rayon::current_num_threads() * 4)).max(1);
@@ -260,11 +265,16 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
                 Kernels::Amx => {
                     #[cfg(target_arch = "x86_64")]
                     {
-                        let bytes = &l.weight.bytes()[r0 * cols * 2..r1 * cols * 2];
+                        let bytes = |r0: usize, r1: usize| {
+                            bytemuck::cast_slice(&l.weight.bytes()[r0 * cols * 2..r1 * cols * 2])
+                        };
+                        // A thread takes its tiles in order: the next is likely the rows below.
+                        let ahead = bytes(r1, (r1 + tile_rows).min(l.rows));
+                        let packed = packed.as_ref().expect("packed for the tiles");
                         // SAFETY: the weights have `amx`, which Linear::new grants only where
                         // the CPU passes amx_bf16::available() and cols takes whole steps; the
-                        // slice holds the tile's rows and `packed` every input.
-                        unsafe { rows_amx(bytemuck::cast_slice(bytes), cols, &packed, n, l.rows, r0, out) };
+                        // slices hold whole rows and `packed` every input.
+                        unsafe { rows_amx(bytes(r0, r1), ahead, cols, packed, n, l.rows, r0, out) };
                     }
                 }
             }
@@ -278,6 +288,10 @@ fn forward_many_on(jobs: &mut [(&Linear, &mut Vec<f32>)], x: &[f32], n: usize, k
             }
         },
     );
+    #[cfg(target_arch = "x86_64")]
+    if let Some(packed) = packed {
+        PACKED.set(packed);
+    }
 }
 
 /// [`tile`] with the AVX2 kernels, reading `nr` weight rows `w` as stored.
@@ -413,14 +427,24 @@ unsafe fn rows_bf16(w: &[u16], nr: usize, cols: usize, x: &[u16], n: usize, rows
 }
 
 /// [`tile`] on AMX tiles: the weight rows `w` (up to two tiles of 16), copied onto cache lines
-/// (a thread's copy is reused from call to call), against every input of `inputs`.
+/// (a thread's copy is reused from call to call), against every input of `inputs`; `ahead`,
+/// the rows the thread's next task likely copies, is fetched into L2 meanwhile.
 ///
 /// # Safety
 /// The CPU must pass [`amx_bf16::available`]; `cols` is a multiple of [`amx_bf16::STEP`], `w`
 /// holds whole rows and `inputs` holds `n` inputs of `cols` values.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_amx(w: &[u16], cols: usize, inputs: &amx_bf16::Inputs, n: usize, rows: usize, r0: usize, out: Out) {
+unsafe fn rows_amx(
+    w: &[u16],
+    ahead: &[u16],
+    cols: usize,
+    inputs: &amx_bf16::Inputs,
+    n: usize,
+    rows: usize,
+    r0: usize,
+    out: Out,
+) {
     use amx_bf16::{products, Weights, ROWS};
     thread_local!(static WEIGHTS: std::cell::RefCell<Weights> = std::cell::RefCell::default());
     let nr = w.len() / cols;
@@ -433,9 +457,11 @@ unsafe fn rows_amx(w: &[u16], cols: usize, inputs: &amx_bf16::Inputs, n: usize, 
         unsafe { sums.store((nr - first).min(ROWS), count, at) };
     };
     WEIGHTS.with_borrow_mut(|weights| {
-        weights.copy(w, cols);
         // SAFETY: the caller checked the CPU; both operands hold rows of `cols` values.
-        unsafe { products(weights, inputs, put) }
+        unsafe {
+            weights.copy(w, cols);
+            products(weights, inputs, ahead, put)
+        }
     });
 }
 

@@ -69,10 +69,51 @@ pub fn exp(x: f32) -> f32 {
 /// `f(gate, up)` into `gate`, element-wise, in parallel chunks on the caller's pool.
 fn gated(gate: &mut [f32], up: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) {
     gate.par_chunks_mut(ACTIVATION_CHUNK).zip(up.par_chunks(ACTIVATION_CHUNK)).for_each(|(g, u)| {
-        for (g, u) in g.iter_mut().zip(u) {
-            *g = f(*g, *u);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { each_avx512(g, u, &f) };
+            }
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { each_avx2(g, u, &f) };
+            }
         }
+        each(g, u, &f)
     });
+}
+
+/// `g = f(g, u)` element by element. The compiler vectorises it to the widest registers the
+/// function is compiled for: the crate's baseline target has four f32 lanes (SSE2), so the
+/// wider copies below are compiled for the CPUs that have them. Each element takes the same
+/// operations in the same order (Rust never fuses a multiply and an add by itself), so every
+/// copy gives the same bits.
+#[inline(always)]
+fn each(g: &mut [f32], u: &[f32], f: &impl Fn(f32, f32) -> f32) {
+    for (g, u) in g.iter_mut().zip(u) {
+        *g = f(*g, *u);
+    }
+}
+
+/// [`each`] on 16 lanes (the activations took 5% of a prompt on SSE2).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn each_avx512(g: &mut [f32], u: &[f32], f: &impl Fn(f32, f32) -> f32) {
+    each(g, u, f)
+}
+
+/// [`each`] on 8 lanes.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn each_avx2(g: &mut [f32], u: &[f32], f: &impl Fn(f32, f32) -> f32) {
+    each(g, u, f)
 }
 
 /// `gate = silu(gate) * up`, in place (the SwiGLU of llama-style MLPs).
@@ -201,6 +242,50 @@ mod tests {
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
         assert!((g[2] - -2.0 / (1.0 + 2f32.exp())).abs() < 1e-6);
+    }
+
+    /// The activations give the same bits on every register width this CPU has (a length
+    /// with a tail past whole vectors, values across exp's range and its saturation).
+    #[test]
+    fn the_activations_give_the_same_bits_on_every_register_width() {
+        let n = 1000 + 13;
+        let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * (i % 97) as f32).collect();
+        let up: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.119).cos()).collect();
+        let silu = |g: f32, u: f32| g / (1.0 + exp(-g)) * u;
+        let mut want = x.clone();
+        each(&mut want, &up, &silu);
+        let mut widths = 0;
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                let mut got = x.clone();
+                // SAFETY: the CPU has AVX-512F.
+                unsafe { each_avx512(&mut got, &up, &silu) };
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+                widths += 1;
+            }
+            if is_x86_feature_detected!("avx2") {
+                let mut got = x.clone();
+                // SAFETY: the CPU has AVX2.
+                unsafe { each_avx2(&mut got, &up, &silu) };
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+                widths += 1;
+            }
+        }
+        // And through the public entry, whichever width it picks.
+        let mut got = x.clone();
+        silu_mul(&mut got, &up);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        eprintln!("{widths} wider copies checked");
     }
 
     #[test]
