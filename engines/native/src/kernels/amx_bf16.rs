@@ -453,7 +453,7 @@ mod tests {
             return;
         }
         let (k, n) = (64, 37); // two steps; two full groups and a partial one
-                               // Values with ties and bits below bf16's, signs, a zero.
+                               // Values with bits below bf16's, both signs, a zero (i = 0).
         let x: Vec<f32> = (0..n * k).map(|i| ((i * 5) as f32 * 0.37).sin() * (1.0 + (i % 7) as f32 * 1e-3)).collect();
         let mut rounded = vec![0u16; x.len()];
         let (mut want, mut direct, mut pooled) = (Inputs::default(), Inputs::default(), Inputs::default());

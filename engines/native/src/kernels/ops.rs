@@ -252,6 +252,7 @@ mod tests {
         let x: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * (i % 97) as f32).collect();
         let up: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.119).cos()).collect();
         let silu = |g: f32, u: f32| g / (1.0 + exp(-g)) * u;
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let mut want = x.clone();
         each(&mut want, &up, &silu);
         let mut widths = 0;
@@ -261,30 +262,21 @@ mod tests {
                 let mut got = x.clone();
                 // SAFETY: the CPU has AVX-512F.
                 unsafe { each_avx512(&mut got, &up, &silu) };
-                assert_eq!(
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                );
+                assert_eq!(bits(&got), bits(&want));
                 widths += 1;
             }
             if is_x86_feature_detected!("avx2") {
                 let mut got = x.clone();
                 // SAFETY: the CPU has AVX2.
                 unsafe { each_avx2(&mut got, &up, &silu) };
-                assert_eq!(
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                );
+                assert_eq!(bits(&got), bits(&want));
                 widths += 1;
             }
         }
         // And through the public entry, whichever width it picks.
         let mut got = x.clone();
         silu_mul(&mut got, &up);
-        assert_eq!(
-            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
+        assert_eq!(bits(&got), bits(&want));
         eprintln!("{widths} wider copies checked");
     }
 
