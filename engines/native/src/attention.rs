@@ -83,21 +83,102 @@ pub fn attend(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = amx_step;
-    (0..tiles.len() * shape.kv_heads).into_par_iter().for_each_init(TaskScratch::default, |scratch, task| {
-        let (tile, kv) = (tiles[task / shape.kv_heads], task % shape.kv_heads);
+    // The keys of each run of tiles on one block table, packed for the tiles' products once
+    // per KV head (the calling thread keeps the buffers from layer to layer).
+    #[cfg(target_arch = "x86_64")]
+    thread_local!(static PACKED: std::cell::RefCell<Vec<PackedKeys>> = std::cell::RefCell::default());
+    #[cfg(target_arch = "x86_64")]
+    let (packed, run_of) = {
+        let mut packed = PACKED.take();
+        // SAFETY: `amx` holds where the CPU passes amx_bf16::available() and the head
+        // dimension is a multiple of its STEP.
+        let run_of =
+            if amx { unsafe { pack_runs(pool, layer, shape, queries, &tiles, &mut packed) } } else { Vec::new() };
+        (packed, run_of)
+    };
+    // Each thread's buffers, kept from task to task and call to call.
+    thread_local!(static SCRATCH: std::cell::RefCell<TaskScratch> = std::cell::RefCell::default());
+    (0..tiles.len() * shape.kv_heads).into_par_iter().for_each(|task| {
+        let (t, kv) = (task / shape.kv_heads, task % shape.kv_heads);
+        let tile = tiles[t];
         let job = Tile { pool, layer, shape, queries: &queries[tile.0..tile.1], first_token: tile.0, kv, q, out };
+        // Taken, not borrowed: a task never waits on others, but if one ever did, a task
+        // stolen meanwhile would start with buffers of its own instead of panicking.
+        let mut scratch = SCRATCH.take();
         #[cfg(target_arch = "x86_64")]
         if simd {
-            // SAFETY: simd() found AVX2, FMA and F16C on this CPU, and `amx` AMX too.
-            if amx && unsafe { job.run_amx(scratch) } {
-                return;
+            // SAFETY: simd() found AVX2, FMA and F16C on this CPU, and `amx` AMX too (its
+            // keys packed for every tile above).
+            if !(amx && unsafe { job.run_amx(&packed[run_of[t] * shape.kv_heads + kv], &mut scratch) }) {
+                // SAFETY: as above.
+                unsafe { job.run_avx2(&mut scratch) };
             }
-            // SAFETY: as above.
-            return unsafe { job.run_avx2(scratch) };
+            return SCRATCH.set(scratch);
         }
         let _ = simd;
-        job.run::<false>(scratch);
+        job.run::<false>(&mut scratch);
+        SCRATCH.set(scratch);
     });
+    #[cfg(target_arch = "x86_64")]
+    PACKED.set(packed);
+}
+
+/// A sequence's keys of one KV head from position `first` (a block's start) on, packed for
+/// a step's AMX tiles (`attention_amx::pack_keys`); the positions of blocks not stored at f16
+/// are zeros, which no tile reads (a tile that sees such a block takes the f32 path).
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct PackedKeys {
+    first: usize,
+    keys: crate::kernels::amx_bf16::Inputs,
+}
+
+/// Packs the keys of each run of consecutive tiles on one block table, for each KV head, into
+/// `packed[run * kv_heads + kv]`: from the start of the block of the run's first visible
+/// position to its last query's. Returns each tile's run.
+///
+/// # Safety
+/// The CPU must pass `amx_bf16::available()`; the head dimension is a multiple of its STEP.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_runs(
+    pool: &KvPool,
+    layer: usize,
+    shape: &AttentionShape<'_>,
+    queries: &[QueryPos<'_>],
+    tiles: &[(usize, usize)],
+    packed: &mut Vec<PackedKeys>,
+) -> Vec<usize> {
+    use crate::kernels::{amx_bf16::ROWS, attention_amx};
+    // A block is one group of the products' keys, so a tile's keys start a group.
+    const _: () = assert!(BLOCK_TOKENS == ROWS);
+    let (mut runs, mut run_of) = (Vec::<(usize, usize)>::new(), Vec::with_capacity(tiles.len()));
+    for &(t0, t1) in tiles {
+        match runs.last_mut() {
+            Some(run) if run.1 == t0 && std::ptr::eq(queries[run.0].table, queries[t0].table) => run.1 = t1,
+            _ => runs.push((t0, t1)),
+        }
+        run_of.push(runs.len() - 1);
+    }
+    let (hd, kv_heads) = (shape.head_dim, shape.kv_heads);
+    packed.resize_with(runs.len() * kv_heads, PackedKeys::default);
+    for (&(t0, t1), packs) in runs.iter().zip(packed.chunks_exact_mut(kv_heads)) {
+        let run = &queries[t0..t1];
+        let first = run.iter().map(|q| q.first).min().unwrap() / BLOCK_TOKENS * BLOCK_TOKENS;
+        let end = run.iter().map(|q| q.pos + 1).max().unwrap();
+        for (kv, pack) in packs.iter_mut().enumerate() {
+            let key = |j: usize| {
+                let p = first + j;
+                match pool.layer(run[0].table.blocks[p / BLOCK_TOKENS], layer) {
+                    LayerBlock::F16 { k, .. } => Some(&k[(kv * BLOCK_TOKENS + p % BLOCK_TOKENS) * hd..][..hd]),
+                    _ => None,
+                }
+            };
+            pack.first = first;
+            // SAFETY: the caller's.
+            unsafe { attention_amx::pack_keys(&mut pack.keys, end - first, hd, key) };
+        }
+    }
+    run_of
 }
 
 /// One task: a tile of queries of one sequence, the query heads of one KV head.
@@ -125,24 +206,26 @@ impl<'b> Tile<'_, 'b> {
     }
 
     /// The tile on AMX tiles, where every block it sees holds f16 keys and values; `false`
-    /// (nothing written) where one does not.
+    /// (nothing written) where one does not. `packed`: its sequence's keys of its KV head.
     ///
     /// # Safety
     /// The CPU must pass `amx_bf16::available()` (which implies AVX2, FMA and F16C), and the
     /// head dimension be a multiple of `amx_bf16::STEP`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_amx(&self, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
-        use crate::kernels::attention_amx;
+    unsafe fn run_amx(&self, packed: &PackedKeys, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
+        use crate::kernels::{amx_bf16::ROWS, attention_amx};
         let shape = self.shape;
         let (hd, group, kv) = (shape.head_dim, shape.heads / shape.kv_heads, self.kv);
-        let (span, len) = self.span();
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        // From the start of the first block the tile sees, where a group of the packed keys
+        // starts: the positions before its first weigh nothing (below).
+        let (span, _) = self.span();
+        let span = QueryPos { first: span.first / BLOCK_TOKENS * BLOCK_TOKENS, ..span };
+        let len = span.pos + 1 - span.first;
+        let mut values = Vec::new();
         for (id, _, from, to) in visible(&span) {
-            let LayerBlock::F16 { k, v } = self.pool.layer(id, self.layer) else { return false };
-            let slots = kv * BLOCK_TOKENS * hd..(kv + 1) * BLOCK_TOKENS * hd;
-            keys.push(&k[slots.clone()][from * hd..to * hd]);
-            values.push(&v[slots][from * hd..to * hd]);
+            let LayerBlock::F16 { v, .. } = self.pool.layer(id, self.layer) else { return false };
+            values.push(&v[kv * BLOCK_TOKENS * hd..(kv + 1) * BLOCK_TOKENS * hd][from * hd..to * hd]);
         }
         let rows = self.queries.len() * group;
         // The products write every score (no zeroing).
@@ -153,8 +236,10 @@ impl<'b> Tile<'_, 'b> {
             let t = self.first_token + r / group;
             &self.q[(t * shape.heads + kv * group + r % group) * hd..][..hd]
         };
+        let g0 = (span.first - packed.first) / ROWS;
+        let keys = packed.keys.groups(g0..g0 + len.div_ceil(ROWS));
         // SAFETY: the caller checked the CPU and the head dimension.
-        unsafe { attention_amx::scores(amx, rows, query, &keys, hd, shape.scale, scores) };
+        unsafe { attention_amx::scores(amx, rows, query, keys, len, hd, shape.scale, scores) };
         // Each row's weights over the positions its query sees, zero elsewhere.
         for (r, row) in scores.chunks_exact_mut(len).enumerate() {
             let qp = &self.queries[r / group];

@@ -88,12 +88,11 @@ pub struct Inputs {
 }
 
 impl Inputs {
-    /// `n` inputs of `k` values (rows of `x`, bf16 or f32 rounded to bf16 ([`Bf16Rows`]), `k` a
-    /// multiple of [`STEP`]): for each group and step, the 16 inputs' 16 pairs turned to
-    /// columns in registers.
+    /// [`Self::pack_on_pool`] on one thread: the tests' reference for the pool's packings.
     ///
     /// # Safety
     /// The CPU must pass [`available`].
+    #[cfg(test)]
     pub unsafe fn pack<T: Bf16Rows>(&mut self, x: &[T], n: usize, k: usize) {
         let group = self.shape(x.len(), n, k);
         for (g, tiles) in self.lines.chunks_exact_mut(group).enumerate() {
@@ -102,9 +101,11 @@ impl Inputs {
         }
     }
 
-    /// [`Self::pack`] with the groups spread over the current rayon pool: a projection's
+    /// `n` inputs of `k` values (rows of `x`, bf16 or f32 rounded to bf16 ([`Bf16Rows`]), `k` a
+    /// multiple of [`STEP`]): for each group and step, the 16 inputs' 16 pairs turned to
+    /// columns in registers, the groups spread over the current rayon pool (a projection's
     /// inputs, packed once for every task, where one thread packing them kept the others
-    /// waiting.
+    /// waiting).
     ///
     /// # Safety
     /// The CPU must pass [`available`].
@@ -112,9 +113,56 @@ impl Inputs {
         use rayon::prelude::*;
         let group = self.shape(x.len(), n, k);
         self.lines.par_chunks_exact_mut(group).enumerate().for_each(|(g, tiles)| {
-            // SAFETY: as in pack().
+            // SAFETY: the caller checked the CPU; shape() checked x against n and k.
             unsafe { pack_group(x, n, k, g, tiles) };
         });
+    }
+
+    /// `n` inputs of `k` values that `row(i, dst)` writes as bf16 (every value of `dst`, or
+    /// none when it returns `false`: the input is zeros), made a group at a time on the
+    /// current rayon pool and packed as [`Self::pack_on_pool`] packs: inputs derived from
+    /// stored ones (attention's keys as bf16 halves) with no copy of them all kept on the
+    /// side. A group with no input present is zeros without a transpose.
+    ///
+    /// # Safety
+    /// The CPU must pass [`available`].
+    pub unsafe fn pack_rows_on_pool(&mut self, n: usize, k: usize, row: impl Fn(usize, &mut [u16]) -> bool + Sync) {
+        use rayon::prelude::*;
+        let group = self.shape(n * k, n, k);
+        self.lines.par_chunks_exact_mut(group).enumerate().for_each_init(Vec::new, |rows, (g, tiles)| {
+            let count = (n - g * ROWS).min(ROWS);
+            rows.resize(count * k, 0);
+            let mut present = false;
+            for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
+                if row(g * ROWS + j, dst) {
+                    present = true;
+                } else {
+                    dst.fill(0);
+                }
+            }
+            if !present {
+                return tiles.fill(Line::default());
+            }
+            // SAFETY: as in pack_on_pool(); `rows` holds the group's inputs, as group 0 of `count`.
+            unsafe { pack_group(rows, count, k, 0, tiles) };
+        });
+    }
+
+    /// Every input group, as [`products`] takes them.
+    pub fn columns(&self) -> Columns<'_> {
+        self.groups(0..self.groups)
+    }
+
+    /// The input groups `range` alone (inputs `range.start * 16..`), numbered from 0 for
+    /// [`products`].
+    pub fn groups(&self, range: std::ops::Range<usize>) -> Columns<'_> {
+        assert!(range.start <= range.end && range.end <= self.groups);
+        let per_group = self.steps * ROWS;
+        Columns {
+            lines: &self.lines[range.start * per_group..range.end * per_group],
+            steps: self.steps,
+            groups: range.len(),
+        }
     }
 
     /// Sizes the lines for `n` inputs of `k` values (every line is then written by
@@ -180,6 +228,21 @@ impl Inputs {
             }
         }
     }
+}
+
+/// Consecutive input groups of an [`Inputs`], the second operand of [`products`].
+#[derive(Clone, Copy)]
+pub struct Columns<'a> {
+    lines: &'a [Line],
+    steps: usize,
+    groups: usize,
+}
+
+impl Columns<'_> {
+    /// How many groups of 16 inputs.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
 
     /// The tile of group `g`, step `s`.
     fn tile(&self, g: usize, s: usize) -> *const Line {
@@ -187,7 +250,7 @@ impl Inputs {
     }
 }
 
-/// Input rows [`Inputs::pack`] reads: bf16 as they are, or f32 rounded to bf16 on the way.
+/// Input rows [`Inputs::pack_on_pool`] reads: bf16 as they are, or f32 rounded to bf16 on the way.
 pub trait Bf16Rows: Copy {
     /// The 32 values at `p` as bf16, in order.
     ///
@@ -360,7 +423,12 @@ fn transpose(r: [std::arch::x86_64::__m512; ROWS]) -> [std::arch::x86_64::__m512
 ///
 /// # Safety
 /// The CPU must pass [`available`]; `weights` and `inputs` hold rows of the same length.
-pub unsafe fn products(weights: &Weights, inputs: &Inputs, ahead: &[u16], mut put: impl FnMut(usize, usize, &Sums)) {
+pub unsafe fn products(
+    weights: &Weights,
+    inputs: Columns<'_>,
+    ahead: &[u16],
+    mut put: impl FnMut(usize, usize, &Sums),
+) {
     debug_assert!(weights.steps == inputs.steps);
     let (steps, groups, second) = (weights.steps, inputs.groups, weights.tiles == 2);
     let line = std::mem::size_of::<Line>();
@@ -445,7 +513,8 @@ mod tests {
     }
 
     /// f32 inputs packed straight into tiles are the bf16 rounding `narrow` gives, packed; the
-    /// pool's packing lays out the same lines as one thread's.
+    /// pool's packing lays out the same lines as one thread's, and so does packing rows made
+    /// a group at a time.
     #[test]
     fn f32_inputs_pack_as_their_bf16_rounding() {
         if !available() {
@@ -456,18 +525,25 @@ mod tests {
                                // Values with bits below bf16's, both signs, a zero (i = 0).
         let x: Vec<f32> = (0..n * k).map(|i| ((i * 5) as f32 * 0.37).sin() * (1.0 + (i % 7) as f32 * 1e-3)).collect();
         let mut rounded = vec![0u16; x.len()];
-        let (mut want, mut direct, mut pooled) = (Inputs::default(), Inputs::default(), Inputs::default());
+        let [mut want, mut direct, mut pooled, mut made] = std::array::from_fn(|_| Inputs::default());
         // SAFETY: available() checked the CPU (AVX-512 BF16 included).
         unsafe {
             crate::kernels::avx512_bf16::narrow(&x, &mut rounded);
             want.pack(&rounded, n, k);
             direct.pack(&x, n, k);
             pooled.pack_on_pool(&x, n, k);
+            // Over the size of another call's lines, as a kept buffer is.
+            made.pack(&x[..k], 1, k);
+            made.pack_rows_on_pool(n, k, |i, dst| {
+                dst.copy_from_slice(&rounded[i * k..][..k]);
+                true
+            });
         }
         let bits = |i: &Inputs| i.lines.iter().flat_map(|l| l.0).collect::<Vec<u32>>();
         assert_eq!(want.lines.len(), 3 * 2 * ROWS);
         assert_eq!(bits(&direct), bits(&want));
         assert_eq!(bits(&pooled), bits(&want));
+        assert_eq!(bits(&made), bits(&want));
         // Column j of a line is input j's pair: the last group's missing inputs (5.. of 16)
         // are zeros, its present ones are not.
         for line in &direct.lines[2 * 2 * ROWS..] {
@@ -498,7 +574,7 @@ mod tests {
         // SAFETY: available() checked the CPU; both hold rows of k values. (The rows fetched
         // ahead, here the same ones, change nothing but where they sit.)
         unsafe {
-            products(&weights, &inputs, &w, |g, tile, sums| {
+            products(&weights, inputs.columns(), &w, |g, tile, sums| {
                 for (r, row) in sums.0.iter().enumerate() {
                     for (j, &v) in row.iter().enumerate() {
                         let t = g * ROWS + j;
@@ -518,6 +594,21 @@ mod tests {
                 assert!((v - want).abs() < 1e-4, "input {t} row {r}: {v} vs {want}");
             }
         }
+        // Groups 1 and 2 alone (inputs 16..37), numbered from 0: the same bits.
+        let mut calls = 0;
+        // SAFETY: as above.
+        unsafe {
+            products(&weights, inputs.groups(1..3), &[], |g, tile, sums| {
+                calls += 1;
+                for (r, row) in sums.0.iter().enumerate() {
+                    for (j, &v) in row.iter().enumerate().filter(|&(j, _)| (g + 1) * ROWS + j < n) {
+                        let t = (g + 1) * ROWS + j;
+                        assert_eq!(v.to_bits(), got[t * rows + tile * ROWS + r].to_bits(), "input {t} row {r}");
+                    }
+                }
+            })
+        };
+        assert_eq!((inputs.groups(1..3).groups(), calls), (2, 4));
         // One input alone against the first 16 rows, and against the last 5 (a tile padded with
         // zero rows): the same bits.
         for t in [0, 17, n - 1] {
@@ -530,7 +621,7 @@ mod tests {
                 assert_eq!(weights.tiles, 1);
                 // SAFETY: as above.
                 unsafe {
-                    products(&weights, &one, &[], |_, _, sums| {
+                    products(&weights, one.columns(), &[], |_, _, sums| {
                         for r in 0..ROWS {
                             let v = sums.0[r][0];
                             if r < count {

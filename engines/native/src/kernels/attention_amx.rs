@@ -11,66 +11,88 @@
 //! depend on the queries beside it.
 //!
 //! The second operand is always the cache's side: keys with their channel pairs turned into
-//! columns (`Inputs::pack`), values with position pairs interleaved (`Inputs::interleave`).
+//! columns ([`pack_keys`], once a layer for every tile of a sequence), values with position
+//! pairs interleaved (`Inputs::interleave`, per tile).
 //! Both come out as `[query row][key or channel]`, the layout the softmax and the output
 //! want, with no transpose of the sums.
 
-use super::amx_bf16::{products, Inputs, Weights, ROWS, STEP};
+use super::amx_bf16::{products, Columns, Inputs, Weights, ROWS, STEP};
 use super::avx512_bf16::{narrow, split, Widen16};
 use half::f16;
 
 /// Query or weight rows one product takes: the two tiles of the first operand.
 const LHS_ROWS: usize = 2 * ROWS;
 
-/// A task's buffers, reused from tile to tile.
+/// A task's buffers, reused from tile to tile: the two products' first operands apart, and
+/// the values, so that no buffer changes size between the two (growing one writes zeros).
 #[derive(Default)]
 pub struct Scratch {
-    /// The keys or values as bf16 rows, a position a row.
-    cache: Vec<u16>,
-    /// Up to 32 query or weight rows as bf16.
-    rows: Vec<u16>,
-    lhs: Weights,
+    queries: Lhs,
+    weights: Lhs,
+    /// The values as bf16 rows, a position a row.
+    values: Vec<u16>,
     rhs: Inputs,
 }
 
-/// `scores[r * len + j] = scale * query(r) . key j` for `rows` query rows of `hd` values and
-/// the `len` keys of `keys`, runs of f16 rows of `hd` in position order.
+/// Up to 32 query or weight rows, as bf16 rows and as tiles.
+#[derive(Default)]
+struct Lhs {
+    rows: Vec<u16>,
+    tiles: Weights,
+}
+
+/// Packs `n` keys, `key(j)` an f16 row of `hd` or `None` (zeros: a position no product reads
+/// that is not stored at f16), as the second operand of [`scores`], a group of 16 keys at a
+/// time on the current rayon pool. A prompt chunk's query tiles all read the keys of their sequence: packed once
+/// for all of them per layer and KV head, where each tile packing the keys it saw cost a
+/// twentieth of a prompt.
 ///
 /// # Safety
 /// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
+pub unsafe fn pack_keys<'k>(keys: &mut Inputs, n: usize, hd: usize, key: impl Fn(usize) -> Option<&'k [f16]> + Sync) {
+    assert!(hd.is_multiple_of(STEP));
+    // Each key as [hi | hi | lo], the two bf16 halves of its values (`split`): see `scores`.
+    let row = |j: usize, row: &mut [u16]| {
+        // SAFETY: the caller checked the CPU.
+        key(j).map(|key| unsafe { halves(&key[..hd], row, Lo::Last) }).is_some()
+    };
+    // SAFETY: as above; the rows are 3 * hd values, whole steps.
+    unsafe { keys.pack_rows_on_pool(n, 3 * hd, row) };
+}
+
+/// `scores[r * len + j] = scale * query(r) . key j` for `rows` query rows of `hd` values and
+/// the first `len` keys of `keys`, packed by [`pack_keys`].
+///
+/// # Safety
+/// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn scores<'q>(
     s: &mut Scratch,
     rows: usize,
     query: impl Fn(usize) -> &'q [f32],
-    keys: &[&[f16]],
+    keys: Columns<'_>,
+    len: usize,
     hd: usize,
     scale: f32,
     scores: &mut [f32],
 ) {
-    assert!(hd.is_multiple_of(STEP));
-    let len = keys.iter().map(|run| run.len()).sum::<usize>() / hd;
+    assert!(hd.is_multiple_of(STEP) && keys.groups() == len.div_ceil(ROWS));
     assert!(scores.len() >= rows * len);
-    // Each key as [hi | hi | lo] and each query as [hi | lo | hi], the two bf16 halves of
-    // their values (`split`): one product over three times the channels sums q_hi k_hi +
-    // q_lo k_hi + q_hi k_lo, the keys exact (an f16 value is the sum of its halves) and the
-    // queries to 16 bits. Keys rounded to bf16 alone moved Qwen2.5's perplexity by 0.2% and
-    // tripled its KL divergence from the f32 kernels: its keys carry large biases, and one
-    // rounding step of such a key outweighs the score differences that matter.
-    let k = 3 * hd;
-    s.cache.resize(len * k, 0);
-    let cache = s.cache.chunks_exact_mut(k);
-    for (key, row) in keys.iter().flat_map(|run| run.chunks_exact(hd)).zip(cache) {
-        // SAFETY (and below): the caller checked the CPU.
-        unsafe { halves(key, row, Lo::Last) };
-    }
-    unsafe { s.rhs.pack(&s.cache, len, k) };
+    // Each query as [hi | lo | hi] against each key's [hi | hi | lo]: one product over three
+    // times the channels sums q_hi k_hi + q_lo k_hi + q_hi k_lo, the keys exact (an f16 value
+    // is the sum of its halves) and the queries to 16 bits. Keys rounded to bf16 alone moved
+    // Qwen2.5's perplexity by 0.2% and tripled its KL divergence from the f32 kernels: its
+    // keys carry large biases, and one rounding step of such a key outweighs the score
+    // differences that matter.
+    let (k, lhs) = (3 * hd, &mut s.queries);
     for r0 in (0..rows).step_by(LHS_ROWS) {
         let nr = (rows - r0).min(LHS_ROWS);
-        s.rows.resize(nr * k, 0);
-        for (r, row) in s.rows.chunks_exact_mut(k).take(nr).enumerate() {
+        lhs.rows.resize(nr * k, 0);
+        for (r, row) in lhs.rows.chunks_exact_mut(k).take(nr).enumerate() {
+            // SAFETY (and below): the caller checked the CPU.
             unsafe { halves(&query(r0 + r)[..hd], row, Lo::Middle) };
         }
-        unsafe { s.lhs.copy(&s.rows[..nr * k], k) };
+        unsafe { lhs.tiles.copy(&lhs.rows[..nr * k], k) };
         // Tile `tile` of this chunk's rows against keys g * 16..
         let put = |g: usize, tile: usize, sums: &super::amx_bf16::Sums| {
             let keys = (len - g * ROWS).min(ROWS);
@@ -81,7 +103,7 @@ pub unsafe fn scores<'q>(
                 }
             }
         };
-        unsafe { products(&s.lhs, &s.rhs, &[], put) };
+        unsafe { products(&lhs.tiles, keys, &[], put) };
     }
 }
 
@@ -128,18 +150,18 @@ pub unsafe fn weighted_sums(
     assert!(hd.is_multiple_of(STEP));
     // SAFETY (each call below): the caller checked the CPU; the weight rows are padded with
     // zeros to whole steps, as `interleave` pads the values.
-    let len = unsafe { gather(&mut s.cache, values, hd) };
+    let len = unsafe { gather(&mut s.values, values, hd) };
     assert!(weights.len() >= rows * len);
-    let k = len.next_multiple_of(STEP);
-    unsafe { s.rhs.interleave(&s.cache, len, hd) };
+    let (k, lhs) = (len.next_multiple_of(STEP), &mut s.weights);
+    unsafe { s.rhs.interleave(&s.values, len, hd) };
     for r0 in (0..rows).step_by(LHS_ROWS) {
         let nr = (rows - r0).min(LHS_ROWS);
-        s.rows.resize(nr * k, 0);
-        for (r, row) in s.rows.chunks_exact_mut(k).take(nr).enumerate() {
+        lhs.rows.resize(nr * k, 0);
+        for (r, row) in lhs.rows.chunks_exact_mut(k).take(nr).enumerate() {
             unsafe { narrow(&weights[(r0 + r) * len..][..len], &mut row[..len]) };
             row[len..].fill(0); // to the step's end, as the values
         }
-        unsafe { s.lhs.copy(&s.rows[..nr * k], k) };
+        unsafe { lhs.tiles.copy(&lhs.rows[..nr * k], k) };
         // Tile `tile` of this chunk's rows: channels g * 16.. of their sums.
         let put = |g: usize, tile: usize, sums: &super::amx_bf16::Sums| {
             for (i, sums) in sums.0.iter().enumerate().take(nr.saturating_sub(tile * ROWS)) {
@@ -147,7 +169,7 @@ pub unsafe fn weighted_sums(
                 unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), out(r0 + tile * ROWS + i).add(g * ROWS), ROWS) };
             }
         };
-        unsafe { products(&s.lhs, &s.rhs, &[], put) };
+        unsafe { products(&lhs.tiles, s.rhs.columns(), &[], put) };
     }
 }
 
@@ -279,8 +301,9 @@ mod tests {
 
     /// The scores against exact f64 sums, the weighted sums against f64 sums of the operands
     /// rounded to bf16, over runs that split the positions unevenly, a length that is not a
-    /// whole step and a row count that is not a whole tile; and a row computed alone has the
-    /// bits it has among others.
+    /// whole step and a row count that is not a whole tile; a row computed alone, or against
+    /// the keys from the second group on, has the bits it has among others; keys packed as
+    /// `None` (a key alone, a whole group) score 0.
     #[test]
     fn scores_are_exact_to_16_bits_and_weighted_sums_the_products_of_the_rounded_operands() {
         if !available() {
@@ -295,15 +318,22 @@ mod tests {
         let runs = |x: &[f16]| -> Vec<Vec<f16>> {
             vec![x[..3 * hd].to_vec(), x[3 * hd..19 * hd].to_vec(), x[19 * hd..].to_vec()]
         };
-        let (key_runs, value_runs) = (runs(&keys), runs(&values));
-        let (key_runs, value_runs): (Vec<&[f16]>, Vec<&[f16]>) =
-            (key_runs.iter().map(Vec::as_slice).collect(), value_runs.iter().map(Vec::as_slice).collect());
+        let value_runs = runs(&values);
+        let value_runs: Vec<&[f16]> = value_runs.iter().map(Vec::as_slice).collect();
+        let key = |j: usize| Some(&keys[j * hd..][..hd]);
+        let (mut packed, mut holed) = (Inputs::default(), Inputs::default());
+        // SAFETY: available() checked the CPU; hd is two steps.
+        unsafe {
+            pack_keys(&mut packed, len, hd, key);
+            // Key 7 and keys 16..32 absent.
+            pack_keys(&mut holed, len, hd, |j| key(j).filter(|_| j != 7 && !(ROWS..2 * ROWS).contains(&j)));
+        }
         let q: Vec<f32> = (0..rows * hd).map(|i| ((i * 3) as f32 * 0.031).cos()).collect();
         let query = |r: usize| &q[r * hd..][..hd];
         let mut s = Scratch::default();
         let mut got = vec![f32::NAN; rows * len];
         // SAFETY: available() checked the CPU; hd is two steps.
-        unsafe { scores(&mut s, rows, query, &key_runs, hd, 0.5, &mut got) };
+        unsafe { scores(&mut s, rows, query, packed.columns(), len, hd, 0.5, &mut got) };
         for r in 0..rows {
             for j in 0..len {
                 // The exact product, within the queries' 16 bits: far inside one bf16 step.
@@ -326,11 +356,21 @@ mod tests {
                 assert!((v - want).abs() < 1e-5, "output of row {r}, channel {c}: {v} vs {want}");
             }
         }
-        // Row 33 alone: the same bits.
-        let mut alone = vec![f32::NAN; len];
+        // Row 33 alone, against every key and against keys 16.. alone: the same bits.
+        let (mut alone, mut later) = (vec![f32::NAN; len], vec![f32::NAN; len - ROWS]);
         // SAFETY: as above.
-        unsafe { scores(&mut s, 1, |_| query(33), &key_runs, hd, 0.5, &mut alone) };
+        unsafe {
+            scores(&mut s, 1, |_| query(33), packed.columns(), len, hd, 0.5, &mut alone);
+            scores(&mut s, 1, |_| query(33), packed.groups(1..3), len - ROWS, hd, 0.5, &mut later);
+        }
         assert_eq!(alone, got[33 * len..34 * len]);
+        assert_eq!(later, got[33 * len + ROWS..34 * len]);
+        // SAFETY: as above.
+        unsafe { scores(&mut s, 1, |_| query(33), holed.columns(), len, hd, 0.5, &mut alone) };
+        for (j, (&v, &want)) in alone.iter().zip(&got[33 * len..34 * len]).enumerate() {
+            let absent = j == 7 || (ROWS..2 * ROWS).contains(&j);
+            assert_eq!(v, if absent { 0.0 } else { want }, "key {j}");
+        }
         let mut one = vec![f32::NAN; hd];
         let base = one.as_mut_ptr();
         // SAFETY: as above.

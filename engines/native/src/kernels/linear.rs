@@ -460,7 +460,7 @@ unsafe fn rows_amx(
         // SAFETY: the caller checked the CPU; both operands hold rows of `cols` values.
         unsafe {
             weights.copy(w, cols);
-            products(weights, inputs, ahead, put)
+            products(weights, inputs.columns(), ahead, put)
         }
     });
 }
