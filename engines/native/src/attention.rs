@@ -135,7 +135,8 @@ struct PackedKeys {
 
 /// Packs the keys of each run of consecutive tiles on one block table, for each KV head, into
 /// `packed[run * kv_heads + kv]`: from the start of the block of the run's first visible
-/// position to its last query's. Returns each tile's run.
+/// position to its last query's, every run in one parallel call (a step may hold a prompt
+/// chunk and many decoding sequences). Returns each tile's run.
 ///
 /// # Safety
 /// The CPU must pass `amx_bf16::available()`; the head dimension is a multiple of its STEP.
@@ -160,24 +161,34 @@ unsafe fn pack_runs(
         run_of.push(runs.len() - 1);
     }
     let (hd, kv_heads) = (shape.head_dim, shape.kv_heads);
+    // Each run's table and its positions first..end.
+    let spans: Vec<(&BlockTable, usize, usize)> = runs
+        .iter()
+        .map(|&(t0, t1)| {
+            let run = &queries[t0..t1];
+            let first = run.iter().map(|q| q.first).min().unwrap() / BLOCK_TOKENS * BLOCK_TOKENS;
+            (run[0].table, first, run.iter().map(|q| q.pos + 1).max().unwrap())
+        })
+        .collect();
     packed.resize_with(runs.len() * kv_heads, PackedKeys::default);
-    for (&(t0, t1), packs) in runs.iter().zip(packed.chunks_exact_mut(kv_heads)) {
-        let run = &queries[t0..t1];
-        let first = run.iter().map(|q| q.first).min().unwrap() / BLOCK_TOKENS * BLOCK_TOKENS;
-        let end = run.iter().map(|q| q.pos + 1).max().unwrap();
-        for (kv, pack) in packs.iter_mut().enumerate() {
-            let key = |j: usize| {
-                let p = first + j;
-                match pool.layer(run[0].table.blocks[p / BLOCK_TOKENS], layer) {
-                    LayerBlock::F16 { k, .. } => Some(&k[(kv * BLOCK_TOKENS + p % BLOCK_TOKENS) * hd..][..hd]),
-                    _ => None,
-                }
-            };
-            pack.first = first;
-            // SAFETY: the caller's.
-            unsafe { attention_amx::pack_keys(&mut pack.keys, end - first, hd, key) };
-        }
+    for (i, pack) in packed.iter_mut().enumerate() {
+        pack.first = spans[i / kv_heads].1;
     }
+    // Pack `i`: run i / kv_heads, KV head i % kv_heads.
+    let key = |i: usize, j: usize| {
+        let ((table, first, _), kv) = (spans[i / kv_heads], i % kv_heads);
+        let p = first + j;
+        match pool.layer(table.blocks[p / BLOCK_TOKENS], layer) {
+            LayerBlock::F16 { k, .. } => Some(&k[(kv * BLOCK_TOKENS + p % BLOCK_TOKENS) * hd..][..hd]),
+            _ => None,
+        }
+    };
+    let sizes = packed.iter_mut().enumerate().map(|(i, pack)| {
+        let (_, first, end) = spans[i / kv_heads];
+        (&mut pack.keys, end - first)
+    });
+    // SAFETY: the caller's.
+    unsafe { attention_amx::pack_keys(sizes, hd, key) };
     run_of
 }
 

@@ -118,36 +118,6 @@ impl Inputs {
         });
     }
 
-    /// `n` inputs of `k` values that `row(i, dst)` writes as bf16 (every value of `dst`, or
-    /// none when it returns `false`: the input is zeros), made a group at a time on the
-    /// current rayon pool and packed as [`Self::pack_on_pool`] packs: inputs derived from
-    /// stored ones (attention's keys as bf16 halves) with no copy of them all kept on the
-    /// side. A group with no input present is zeros without a transpose.
-    ///
-    /// # Safety
-    /// The CPU must pass [`available`].
-    pub unsafe fn pack_rows_on_pool(&mut self, n: usize, k: usize, row: impl Fn(usize, &mut [u16]) -> bool + Sync) {
-        use rayon::prelude::*;
-        let group = self.shape(n * k, n, k);
-        self.lines.par_chunks_exact_mut(group).enumerate().for_each_init(Vec::new, |rows, (g, tiles)| {
-            let count = (n - g * ROWS).min(ROWS);
-            rows.resize(count * k, 0);
-            let mut present = false;
-            for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
-                if row(g * ROWS + j, dst) {
-                    present = true;
-                } else {
-                    dst.fill(0);
-                }
-            }
-            if !present {
-                return tiles.fill(Line::default());
-            }
-            // SAFETY: as in pack_on_pool(); `rows` holds the group's inputs, as group 0 of `count`.
-            unsafe { pack_group(rows, count, k, 0, tiles) };
-        });
-    }
-
     /// Every input group, as [`products`] takes them.
     pub fn columns(&self) -> Columns<'_> {
         self.groups(0..self.groups)
@@ -228,6 +198,47 @@ impl Inputs {
             }
         }
     }
+}
+
+/// Packs each of `inputs`, `(buffer, n)`: `n` inputs of `k` values that `row(i, j, dst)`
+/// writes as bf16 for input `j` of the `i`-th (every value of `dst`; or none, returning
+/// `false`: the input is zeros), laid out as [`Inputs::pack_on_pool`] lays them out. One
+/// parallel call on the current rayon pool over every group of every buffer, each group's
+/// inputs made in a small buffer of its own: inputs derived from stored ones (attention's
+/// keys as bf16 halves, for every sequence of a step) with no copy of them all kept on the
+/// side. A group with no input present is zeros without a transpose.
+///
+/// # Safety
+/// The CPU must pass [`available`].
+pub unsafe fn pack_rows_on_pool<'a>(
+    inputs: impl IntoIterator<Item = (&'a mut Inputs, usize)>,
+    k: usize,
+    row: impl Fn(usize, usize, &mut [u16]) -> bool + Sync,
+) {
+    use rayon::prelude::*;
+    let mut groups = Vec::new();
+    for (i, (inputs, n)) in inputs.into_iter().enumerate() {
+        let group = inputs.shape(n * k, n, k);
+        groups.extend(inputs.lines.chunks_exact_mut(group).enumerate().map(|(g, tiles)| (i, n, g, tiles)));
+    }
+    groups.into_par_iter().for_each_init(Vec::new, |rows, (i, n, g, tiles)| {
+        let count = (n - g * ROWS).min(ROWS);
+        rows.resize(count * k, 0);
+        let mut present = false;
+        for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
+            if row(i, g * ROWS + j, dst) {
+                present = true;
+            } else {
+                dst.fill(0);
+            }
+        }
+        if !present {
+            return tiles.fill(Line::default());
+        }
+        // SAFETY: the caller checked the CPU; `rows` holds the group's inputs, as group 0 of
+        // `count`, and `tiles` its lines (shape() sized them).
+        unsafe { pack_group(rows, count, k, 0, tiles) };
+    });
 }
 
 /// Consecutive input groups of an [`Inputs`], the second operand of [`products`].
@@ -514,7 +525,7 @@ mod tests {
 
     /// f32 inputs packed straight into tiles are the bf16 rounding `narrow` gives, packed; the
     /// pool's packing lays out the same lines as one thread's, and so does packing rows made
-    /// a group at a time.
+    /// a group at a time, several buffers in one call.
     #[test]
     fn f32_inputs_pack_as_their_bf16_rounding() {
         if !available() {
@@ -525,25 +536,29 @@ mod tests {
                                // Values with bits below bf16's, both signs, a zero (i = 0).
         let x: Vec<f32> = (0..n * k).map(|i| ((i * 5) as f32 * 0.37).sin() * (1.0 + (i % 7) as f32 * 1e-3)).collect();
         let mut rounded = vec![0u16; x.len()];
-        let [mut want, mut direct, mut pooled, mut made] = std::array::from_fn(|_| Inputs::default());
+        let [mut want, mut direct, mut pooled, mut made, mut one, mut alone] =
+            std::array::from_fn(|_| Inputs::default());
         // SAFETY: available() checked the CPU (AVX-512 BF16 included).
         unsafe {
             crate::kernels::avx512_bf16::narrow(&x, &mut rounded);
             want.pack(&rounded, n, k);
             direct.pack(&x, n, k);
             pooled.pack_on_pool(&x, n, k);
-            // Over the size of another call's lines, as a kept buffer is.
+            // Over the size of another call's lines, as a kept buffer is; beside a second
+            // buffer of one input.
             made.pack(&x[..k], 1, k);
-            made.pack_rows_on_pool(n, k, |i, dst| {
-                dst.copy_from_slice(&rounded[i * k..][..k]);
+            pack_rows_on_pool([(&mut made, n), (&mut one, 1)], k, |i, j, dst| {
+                dst.copy_from_slice(&rounded[(i + j) * k..][..k]);
                 true
             });
+            alone.pack(&rounded[k..2 * k], 1, k);
         }
         let bits = |i: &Inputs| i.lines.iter().flat_map(|l| l.0).collect::<Vec<u32>>();
         assert_eq!(want.lines.len(), 3 * 2 * ROWS);
         assert_eq!(bits(&direct), bits(&want));
         assert_eq!(bits(&pooled), bits(&want));
         assert_eq!(bits(&made), bits(&want));
+        assert_eq!(bits(&one), bits(&alone));
         // Column j of a line is input j's pair: the last group's missing inputs (5.. of 16)
         // are zeros, its present ones are not.
         for line in &direct.lines[2 * 2 * ROWS..] {

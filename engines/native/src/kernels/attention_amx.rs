@@ -16,7 +16,7 @@
 //! Both come out as `[query row][key or channel]`, the layout the softmax and the output
 //! want, with no transpose of the sums.
 
-use super::amx_bf16::{products, Columns, Inputs, Weights, ROWS, STEP};
+use super::amx_bf16::{pack_rows_on_pool, products, Columns, Inputs, Weights, ROWS, STEP};
 use super::avx512_bf16::{narrow, split, Widen16};
 use half::f16;
 
@@ -41,23 +41,28 @@ struct Lhs {
     tiles: Weights,
 }
 
-/// Packs `n` keys, `key(j)` an f16 row of `hd` or `None` (zeros: a position no product reads
-/// that is not stored at f16), as the second operand of [`scores`], a group of 16 keys at a
-/// time on the current rayon pool. A prompt chunk's query tiles all read the keys of their sequence: packed once
-/// for all of them per layer and KV head, where each tile packing the keys it saw cost a
-/// twentieth of a prompt.
+/// Packs keys as the second operand of [`scores`]: into each of `keys`, `(buffer, n)`, `n`
+/// keys, `key(i, j)` key `j` of the `i`-th as an f16 row of `hd`, or `None` (zeros: a
+/// position not stored at f16, which no product reads); in one parallel call, a group of 16
+/// keys a task. A prompt chunk's query tiles all read their sequence's keys: packed once a
+/// layer for all of them, where each tile packed every key it saw, 16-query tiles over a
+/// 512-token prompt repacking a key up to 32 times.
 ///
 /// # Safety
 /// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
-pub unsafe fn pack_keys<'k>(keys: &mut Inputs, n: usize, hd: usize, key: impl Fn(usize) -> Option<&'k [f16]> + Sync) {
+pub unsafe fn pack_keys<'a, 'k>(
+    keys: impl IntoIterator<Item = (&'a mut Inputs, usize)>,
+    hd: usize,
+    key: impl Fn(usize, usize) -> Option<&'k [f16]> + Sync,
+) {
     assert!(hd.is_multiple_of(STEP));
     // Each key as [hi | hi | lo], the two bf16 halves of its values (`split`): see `scores`.
-    let row = |j: usize, row: &mut [u16]| {
+    let row = |i: usize, j: usize, row: &mut [u16]| {
         // SAFETY: the caller checked the CPU.
-        key(j).map(|key| unsafe { halves(&key[..hd], row, Lo::Last) }).is_some()
+        key(i, j).map(|key| unsafe { halves(&key[..hd], row, Lo::Last) }).is_some()
     };
     // SAFETY: as above; the rows are 3 * hd values, whole steps.
-    unsafe { keys.pack_rows_on_pool(n, 3 * hd, row) };
+    unsafe { pack_rows_on_pool(keys, 3 * hd, row) };
 }
 
 /// `scores[r * len + j] = scale * query(r) . key j` for `rows` query rows of `hd` values and
@@ -300,7 +305,7 @@ mod tests {
     }
 
     /// The scores against exact f64 sums, the weighted sums against f64 sums of the operands
-    /// rounded to bf16, over runs that split the positions unevenly, a length that is not a
+    /// rounded to bf16 (values in runs that split the positions unevenly), a length that is not a
     /// whole step and a row count that is not a whole tile; a row computed alone, or against
     /// the keys from the second group on, has the bits it has among others; keys packed as
     /// `None` (a key alone, a whole group) score 0.
@@ -322,12 +327,12 @@ mod tests {
         let value_runs: Vec<&[f16]> = value_runs.iter().map(Vec::as_slice).collect();
         let key = |j: usize| Some(&keys[j * hd..][..hd]);
         let (mut packed, mut holed) = (Inputs::default(), Inputs::default());
+        // The second buffer without key 7 and keys 16..32.
+        let absent = |j: usize| j == 7 || (ROWS..2 * ROWS).contains(&j);
         // SAFETY: available() checked the CPU; hd is two steps.
         unsafe {
-            pack_keys(&mut packed, len, hd, key);
-            // Key 7 and keys 16..32 absent.
-            pack_keys(&mut holed, len, hd, |j| key(j).filter(|_| j != 7 && !(ROWS..2 * ROWS).contains(&j)));
-        }
+            pack_keys([(&mut packed, len), (&mut holed, len)], hd, |i, j| key(j).filter(|_| i == 0 || !absent(j)))
+        };
         let q: Vec<f32> = (0..rows * hd).map(|i| ((i * 3) as f32 * 0.031).cos()).collect();
         let query = |r: usize| &q[r * hd..][..hd];
         let mut s = Scratch::default();
@@ -368,8 +373,7 @@ mod tests {
         // SAFETY: as above.
         unsafe { scores(&mut s, 1, |_| query(33), holed.columns(), len, hd, 0.5, &mut alone) };
         for (j, (&v, &want)) in alone.iter().zip(&got[33 * len..34 * len]).enumerate() {
-            let absent = j == 7 || (ROWS..2 * ROWS).contains(&j);
-            assert_eq!(v, if absent { 0.0 } else { want }, "key {j}");
+            assert_eq!(v, if absent(j) { 0.0 } else { want }, "key {j}");
         }
         let mut one = vec![f32::NAN; hd];
         let base = one.as_mut_ptr();
