@@ -119,9 +119,18 @@ pub fn attend(
         job.run::<false>(&mut scratch);
         SCRATCH.set(scratch);
     });
+    // Kept for the next layer up to a bound: a step with many long sequences packs tens of
+    // MiB, which should not stay held until the pool's threads exit.
     #[cfg(target_arch = "x86_64")]
-    PACKED.set(packed);
+    if packed.iter().map(|p| p.keys.bytes()).sum::<usize>() <= KEEP_PACKED_BYTES {
+        PACKED.set(packed);
+    }
 }
+
+/// The most packed keys `attend` keeps from call to call: a 4,096-position chunk's (6 MiB for
+/// Gemma 3's one KV head of 256 channels, 4.5 MiB for SmolLM2's three of 64).
+#[cfg(target_arch = "x86_64")]
+const KEEP_PACKED_BYTES: usize = 16 << 20;
 
 /// A sequence's keys of one KV head from position `first` (a block's start) on, packed for
 /// a step's AMX tiles (`attention_amx::pack_keys`); the positions of blocks not stored at f16

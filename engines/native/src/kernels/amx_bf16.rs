@@ -118,6 +118,11 @@ impl Inputs {
         });
     }
 
+    /// The bytes its lines hold (their capacity).
+    pub fn bytes(&self) -> usize {
+        self.lines.capacity() * std::mem::size_of::<Line>()
+    }
+
     /// Every input group, as [`products`] takes them.
     pub fn columns(&self) -> Columns<'_> {
         self.groups(0..self.groups)
