@@ -7,8 +7,9 @@
 //! nothing, unless it has a key index and a query would weigh it: then it is read back from its
 //! f16 copy for the step (`kv_recall.rs`). The task body is compiled a second time for AVX2 +
 //! FMA, chosen at run time. In a step whose projections run on AMX tiles (prompt chunks, see
-//! `kernels/linear.rs`), a tile whose blocks are all f16 takes its two products on AMX tiles
-//! too, the keys exact and the values rounded to bf16 (`kernels/attention_amx.rs`).
+//! `kernels/linear.rs`), a tile that sees no evicted block takes its two products on AMX tiles
+//! too, the keys exact and the values rounded to bf16, int8 and int4 blocks widened from their
+//! codes once a layer for all the tiles of their sequence (`kernels/attention_amx.rs`).
 
 use crate::kernels::panel::Out;
 use crate::kernels::{simd, widen_f16};
@@ -55,7 +56,7 @@ struct TaskScratch {
 
 /// `q`: `tokens x heads x head_dim`; writes `out` of the same shape. `amx_step`: the step's
 /// projections ran on AMX tiles ([`crate::kernels::linear::Linear::on_tiles`]), so its query
-/// tiles over f16 blocks may too.
+/// tiles may too.
 pub fn attend(
     pool: &KvPool,
     layer: usize,
@@ -83,10 +84,10 @@ pub fn attend(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = amx_step;
-    // The keys of each run of tiles on one block table, packed for the tiles' products once
-    // per KV head (the calling thread keeps the buffers from layer to layer).
+    // The keys and values of each run of tiles on one block table, made for the tiles'
+    // products once per KV head (the calling thread keeps the buffers from layer to layer).
     #[cfg(target_arch = "x86_64")]
-    thread_local!(static PACKED: std::cell::RefCell<Vec<PackedKeys>> = std::cell::RefCell::default());
+    thread_local!(static PACKED: std::cell::RefCell<Vec<PackedRun>> = std::cell::RefCell::default());
     #[cfg(target_arch = "x86_64")]
     let (packed, run_of) = {
         let mut packed = PACKED.take();
@@ -122,30 +123,39 @@ pub fn attend(
     // Kept for the next layer up to a bound: a step with many long sequences packs tens of
     // MiB, which should not stay held until the pool's threads exit.
     #[cfg(target_arch = "x86_64")]
-    if packed.iter().map(|p| p.keys.bytes()).sum::<usize>() <= KEEP_PACKED_BYTES {
+    if packed.iter().map(PackedRun::bytes).sum::<usize>() <= KEEP_PACKED_BYTES {
         PACKED.set(packed);
     }
 }
 
-/// The most packed keys `attend` keeps from call to call: a 4,096-position chunk's (6 MiB for
-/// Gemma 3's one KV head of 256 channels, 4.5 MiB for SmolLM2's three of 64).
+/// The most packed keys and values `attend` keeps from call to call: a 4,096-position chunk's
+/// (8 MiB for Gemma 3's one KV head of 256 channels, 6 MiB for SmolLM2's three of 64).
 #[cfg(target_arch = "x86_64")]
 const KEEP_PACKED_BYTES: usize = 16 << 20;
 
-/// A sequence's keys of one KV head from position `first` (a block's start) on, packed for
-/// a step's AMX tiles (`attention_amx::pack_keys`); the positions of blocks not stored at f16
-/// are zeros, which no tile reads (a tile that sees such a block takes the f32 path).
+/// A sequence's keys and values of one KV head from position `first` (a block's start) on,
+/// made for a step's AMX tiles: the keys packed (`attention_amx::pack_keys`), the values as
+/// bf16 rows. Int8 and int4 blocks are widened from their codes; an evicted block's positions
+/// are zeros, which no tile reads (a tile that sees one takes the f32 path and its recall).
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
-struct PackedKeys {
+struct PackedRun {
     first: usize,
     keys: crate::kernels::amx_bf16::Inputs,
+    values: Vec<u16>,
 }
 
-/// Packs the keys of each run of consecutive tiles on one block table, for each KV head, into
-/// `packed[run * kv_heads + kv]`: from the start of the block of the run's first visible
-/// position to its last query's, every run in one parallel call (a step may hold a prompt
-/// chunk and many decoding sequences). Returns each tile's run.
+#[cfg(target_arch = "x86_64")]
+impl PackedRun {
+    fn bytes(&self) -> usize {
+        self.keys.bytes() + self.values.len() * 2
+    }
+}
+
+/// Makes the keys and values of each run of consecutive tiles on one block table, for each KV
+/// head, into `packed[run * kv_heads + kv]`: from the start of the block of the run's first
+/// visible position to its last query's, every run in one parallel call (a step may hold a
+/// prompt chunk and many decoding sequences), the values in another. Returns each tile's run.
 ///
 /// # Safety
 /// The CPU must pass `amx_bf16::available()`; the head dimension is a multiple of its STEP.
@@ -156,9 +166,10 @@ unsafe fn pack_runs(
     shape: &AttentionShape<'_>,
     queries: &[QueryPos<'_>],
     tiles: &[(usize, usize)],
-    packed: &mut Vec<PackedKeys>,
+    packed: &mut Vec<PackedRun>,
 ) -> Vec<usize> {
-    use crate::kernels::{amx_bf16::ROWS, attention_amx};
+    use crate::kernels::attention_amx::{self, Key};
+    use crate::kernels::{amx_bf16::ROWS, avx512_bf16::narrow};
     // A block is one group of the products' keys, so a tile's keys start a group.
     const _: () = assert!(BLOCK_TOKENS == ROWS);
     let (mut runs, mut run_of) = (Vec::<(usize, usize)>::new(), Vec::with_capacity(tiles.len()));
@@ -179,17 +190,18 @@ unsafe fn pack_runs(
             (run[0].table, first, run.iter().map(|q| q.pos + 1).max().unwrap())
         })
         .collect();
-    packed.resize_with(runs.len() * kv_heads, PackedKeys::default);
+    packed.resize_with(runs.len() * kv_heads, PackedRun::default);
     for (i, pack) in packed.iter_mut().enumerate() {
         pack.first = spans[i / kv_heads].1;
     }
     // Pack `i`: run i / kv_heads, KV head i % kv_heads.
-    let key = |i: usize, j: usize| {
+    let key = |i: usize, j: usize, row: &mut [f32]| {
         let ((table, first, _), kv) = (spans[i / kv_heads], i % kv_heads);
-        let p = first + j;
+        let (p, t) = (first + j, (first + j) % BLOCK_TOKENS);
         match pool.layer(table.blocks[p / BLOCK_TOKENS], layer) {
-            LayerBlock::F16 { k, .. } => Some(&k[(kv * BLOCK_TOKENS + p % BLOCK_TOKENS) * hd..][..hd]),
-            _ => None,
+            LayerBlock::F16 { k, .. } => Key::F16(&k[(kv * BLOCK_TOKENS + t) * hd..][..hd]),
+            stored if stored.key_rows(kv, hd, (t, t + 1), row) => Key::Widened,
+            _ => Key::Absent,
         }
     };
     let sizes = packed.iter_mut().enumerate().map(|(i, pack)| {
@@ -198,6 +210,30 @@ unsafe fn pack_runs(
     });
     // SAFETY: the caller's.
     unsafe { attention_amx::pack_keys(sizes, hd, key) };
+    // The values, a block of a pack a task: f16 rounded to bf16, codes widened first.
+    let mut blocks = Vec::new();
+    for (i, pack) in packed.iter_mut().enumerate() {
+        let ((table, first, end), kv) = (spans[i / kv_heads], i % kv_heads);
+        pack.values.resize((end - first) * hd, 0);
+        let ids = &table.blocks[first / BLOCK_TOKENS..];
+        blocks.extend(pack.values.chunks_mut(BLOCK_TOKENS * hd).zip(ids).map(|(rows, &id)| (id, kv, rows)));
+    }
+    thread_local!(static WIDENED: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default());
+    blocks.into_par_iter().for_each(|(id, kv, rows)| {
+        let n = rows.len() / hd;
+        match pool.layer(id, layer) {
+            // SAFETY (both): the caller checked the CPU.
+            LayerBlock::F16 { v, .. } => unsafe { narrow(&v[kv * BLOCK_TOKENS * hd..][..n * hd], rows) },
+            stored => WIDENED.with_borrow_mut(|wide| {
+                wide.resize(n * hd, 0.0);
+                if stored.value_rows(kv, hd, (0, n), wide) {
+                    unsafe { narrow(&wide[..n * hd], rows) }
+                } else {
+                    rows.fill(0);
+                }
+            }),
+        }
+    });
     run_of
 }
 
@@ -225,15 +261,15 @@ impl<'b> Tile<'_, 'b> {
         self.run::<true>(scratch)
     }
 
-    /// The tile on AMX tiles, where every block it sees holds f16 keys and values; `false`
-    /// (nothing written) where one does not. `packed`: its sequence's keys of its KV head.
+    /// The tile on AMX tiles, where no block it sees is evicted; `false` (nothing written)
+    /// where one is. `packed`: its sequence's keys and values of its KV head.
     ///
     /// # Safety
     /// The CPU must pass `amx_bf16::available()` (which implies AVX2, FMA and F16C), and the
     /// head dimension be a multiple of `amx_bf16::STEP`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_amx(&self, packed: &PackedKeys, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
+    unsafe fn run_amx(&self, packed: &PackedRun, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
         use crate::kernels::{amx_bf16::ROWS, attention_amx};
         let shape = self.shape;
         let (hd, group, kv) = (shape.head_dim, shape.heads / shape.kv_heads, self.kv);
@@ -242,11 +278,11 @@ impl<'b> Tile<'_, 'b> {
         let (span, _) = self.span();
         let span = QueryPos { first: span.first / BLOCK_TOKENS * BLOCK_TOKENS, ..span };
         let len = span.pos + 1 - span.first;
-        let mut values = Vec::new();
-        for (id, _, from, to) in visible(&span) {
-            let LayerBlock::F16 { v, .. } = self.pool.layer(id, self.layer) else { return false };
-            values.push(&v[kv * BLOCK_TOKENS * hd..(kv + 1) * BLOCK_TOKENS * hd][from * hd..to * hd]);
+        if visible(&span).any(|(id, ..)| self.pool.layer(id, self.layer).rows(kv, hd, true).is_none()) {
+            return false;
         }
+        let v0 = span.first - packed.first;
+        let values = &packed.values[v0 * hd..(v0 + len) * hd];
         let rows = self.queries.len() * group;
         // The products write every score (no zeroing).
         scores.resize(rows * len, 0.0);
@@ -284,7 +320,7 @@ impl<'b> Tile<'_, 'b> {
         };
         // SAFETY: as above; this task alone writes the heads kv*group..(kv+1)*group of its
         // tokens, which lie inside `out` (asserted in attend).
-        unsafe { attention_amx::weighted_sums(amx, rows, scores, &values, hd, out) };
+        unsafe { attention_amx::weighted_sums(amx, rows, scores, values, hd, out) };
         true
     }
 
@@ -696,8 +732,10 @@ mod tests {
     }
 
     /// A prompt step on AMX tiles: exact keys, values rounded to bf16, within that rounding of
-    /// the f32 kernels' outputs, with the same weight noted per block; a tile that sees a
-    /// quantized block takes the f32 kernels and gets their bits.
+    /// the f32 kernels' outputs, with the same weight noted per block; int8 and int4 blocks
+    /// read on tiles too, widened, as close to the f32 kernels (which read their codes in
+    /// integer arithmetic); a tile that sees an evicted block takes the f32 kernels and gets
+    /// their bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_prompt_step_on_amx_tiles_stays_within_the_values_bf16_rounding_of_the_f32_kernels() {
@@ -756,17 +794,31 @@ mod tests {
                 assert!((a - b).abs() < 1e-3 * a.max(1e-3), "window {window}: weight received {a} vs {b}");
             }
         }
-        // Block 2 at int8: the tiles that see it take the f32 kernels, at their bits; those
-        // that do not (the first two) stay on tiles.
+        // Block 2 at int8 and block 3 at int4: the tiles that see them stay on tiles.
         assert!(pool.set_level(&table, 2, None, Level::Int8));
+        assert!(pool.set_level(&table, 3, None, Level::Int4));
         let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.125, sinks: None };
         let queries: Vec<QueryPos<'_>> = (0..len).map(|pos| QueryPos { table: &table, pos, first: 0 }).collect();
-        let (mut plain, mut tiles) = (vec![0.0; q.len()], vec![0.0; q.len()]);
-        attend(&pool, 0, &shape, &queries, &q, &mut plain, false);
-        attend(&pool, 0, &shape, &queries, &q, &mut tiles, true);
-        let split = 2 * BLOCK_TOKENS * heads * hd;
-        assert_eq!(plain[split..], tiles[split..]);
-        assert_ne!(plain[..split], tiles[..split]);
+        let run = |pool: &KvPool, amx: bool| {
+            let mut out = vec![f32::NAN; q.len()];
+            attend(pool, 0, &shape, &queries, &q, &mut out, amx);
+            out
+        };
+        let (plain, tiles) = (run(&pool, false), run(&pool, true));
+        let tile = |t: usize| t * BLOCK_TOKENS * heads * hd..((t + 1) * BLOCK_TOKENS).min(len) * heads * hd;
+        for t in 2..5 {
+            assert_ne!(plain[tile(t)], tiles[tile(t)], "tile {t} took the tiles");
+            let worst = plain[tile(t)].iter().zip(&tiles[tile(t)]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            // As above; the integer kernels' own rounding of the queries and weights (up to
+            // 1.8e-3 at int4, `a_decoding_token_reading_blocks_in_place_...`) comes on top.
+            assert!(worst < 6e-3, "tile {t}: outputs {worst} apart");
+        }
+        // Block 1 evicted: the tiles that see it take the f32 kernels, at their bits; the
+        // first stays on tiles.
+        assert!(pool.set_level(&table, 1, None, Level::Evicted));
+        let (plain, tiles) = (run(&pool, false), run(&pool, true));
+        assert_eq!(plain[tile(1).start..], tiles[tile(1).start..]);
+        assert_ne!(plain[tile(0)], tiles[tile(0)]);
     }
 
     #[test]

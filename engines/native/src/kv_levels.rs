@@ -258,8 +258,13 @@ impl LayerBlock {
     /// The keys of KV head `kv`, positions `from..to` of the block, into `out[from*hd..to*hd]`
     /// as f32; false when the block is evicted (nothing written).
     pub fn keys_into(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
+        self.key_rows(kv, hd, (from, to), &mut out[from * hd..to * hd])
+    }
+
+    /// As [`LayerBlock::keys_into`], into `out`'s first `(to - from) * hd` values.
+    pub fn key_rows(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
         let base = kv * BLOCK_TOKENS * hd;
-        let out = &mut out[from * hd..to * hd];
+        let out = &mut out[..(to - from) * hd];
         let range = base + from * hd..base + to * hd;
         match self {
             LayerBlock::F16 { k, .. } => widen_f16(&k[range], out),
@@ -282,8 +287,13 @@ impl LayerBlock {
 
     /// As [`LayerBlock::keys_into`], for the values.
     pub fn values_into(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
+        self.value_rows(kv, hd, (from, to), &mut out[from * hd..to * hd])
+    }
+
+    /// As [`LayerBlock::key_rows`], for the values.
+    pub fn value_rows(&self, kv: usize, hd: usize, (from, to): (usize, usize), out: &mut [f32]) -> bool {
         let base = kv * BLOCK_TOKENS * hd;
-        let out = &mut out[from * hd..to * hd];
+        let out = &mut out[..(to - from) * hd];
         let range = base + from * hd..base + to * hd;
         match self {
             LayerBlock::F16 { v, .. } => widen_f16(&v[range], out),

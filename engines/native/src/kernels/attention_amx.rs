@@ -5,14 +5,16 @@
 //!
 //! The keys are exact and the queries kept to 16 bits, each as two bf16 halves ([`scores`]);
 //! the values and the softmax weights are rounded to bf16, as torch's bf16 attention rounds
-//! them. Only steps whose projections already take tiles come here (64 rows and more, see
+//! them. Blocks stored at int8 or int4 come here widened from their codes (keys to 16 bits,
+//! values to bf16), where decoding tokens read them with the integer kernels. Only steps whose projections already take tiles come here (64 rows and more, see
 //! `linear.rs`), so decoding tokens and drafts keep the f32 kernels' bits. Each sum runs over
 //! its row in 32-value steps in the same order whatever the tile, so a query's output does not
 //! depend on the queries beside it.
 //!
 //! The second operand is always the cache's side: keys with their channel pairs turned into
-//! columns ([`pack_keys`], once a layer for every tile of a sequence), values with position
-//! pairs interleaved (`Inputs::interleave`, per tile).
+//! columns ([`pack_keys`], once a layer for every tile of a sequence), values (bf16 rows, also
+//! made once a layer by the caller) with position pairs interleaved (`Inputs::interleave`, per
+//! tile).
 //! Both come out as `[query row][key or channel]`, the layout the softmax and the output
 //! want, with no transpose of the sums.
 
@@ -23,14 +25,12 @@ use half::f16;
 /// Query or weight rows one product takes: the two tiles of the first operand.
 const LHS_ROWS: usize = 2 * ROWS;
 
-/// A task's buffers, reused from tile to tile: the two products' first operands apart, and
-/// the values, so that no buffer changes size between the two (growing one writes zeros).
+/// A task's buffers, reused from tile to tile: the two products' first operands apart, so
+/// that no buffer changes size between the two (growing one writes zeros).
 #[derive(Default)]
 pub struct Scratch {
     queries: Lhs,
     weights: Lhs,
-    /// The values as bf16 rows, a position a row.
-    values: Vec<u16>,
     rhs: Inputs,
 }
 
@@ -41,25 +41,46 @@ struct Lhs {
     tiles: Weights,
 }
 
+/// One key as [`pack_keys`] reads it.
+pub enum Key<'k> {
+    /// A row of f16 values, packed exact.
+    F16(&'k [f16]),
+    /// Written as f32 into the row the callback was given (a quantized block's key, widened
+    /// from its codes), packed to 16 bits.
+    Widened,
+    /// Zeros: a position no product reads (an evicted block's).
+    Absent,
+}
+
 /// Packs keys as the second operand of [`scores`]: into each of `keys`, `(buffer, n)`, `n`
-/// keys, `key(i, j)` key `j` of the `i`-th as an f16 row of `hd`, or `None` (zeros: a
-/// position not stored at f16, which no product reads); in one parallel call, a group of 16
-/// keys a task. A prompt chunk's query tiles all read their sequence's keys: packed once a
-/// layer for all of them, where each tile packed every key it saw, 16-query tiles over a
-/// 512-token prompt repacking a key up to 32 times.
+/// keys, `key(i, j, row)` key `j` of the `i`-th, `row` `hd` values it may write the key into
+/// ([`Key`]); in one parallel call, a group of 16 keys a task. A prompt chunk's query tiles
+/// all read their sequence's keys: packed once a layer for all of them, where each tile
+/// packed every key it saw, 16-query tiles over a 512-token prompt repacking a key up to 32
+/// times.
 ///
 /// # Safety
 /// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
 pub unsafe fn pack_keys<'a, 'k>(
     keys: impl IntoIterator<Item = (&'a mut Inputs, usize)>,
     hd: usize,
-    key: impl Fn(usize, usize) -> Option<&'k [f16]> + Sync,
+    key: impl Fn(usize, usize, &mut [f32]) -> Key<'k> + Sync,
 ) {
     assert!(hd.is_multiple_of(STEP));
+    // Each thread's row for widened keys.
+    thread_local!(static WIDENED: std::cell::RefCell<Vec<f32>> = std::cell::RefCell::default());
     // Each key as [hi | hi | lo], the two bf16 halves of its values (`split`): see `scores`.
     let row = |i: usize, j: usize, row: &mut [u16]| {
-        // SAFETY: the caller checked the CPU.
-        key(i, j).map(|key| unsafe { halves(&key[..hd], row, Lo::Last) }).is_some()
+        WIDENED.with_borrow_mut(|wide| {
+            wide.resize(hd, 0.0);
+            // SAFETY (both): the caller checked the CPU.
+            match key(i, j, &mut wide[..hd]) {
+                Key::F16(key) => unsafe { halves(&key[..hd], row, Lo::Last) },
+                Key::Widened => unsafe { halves(&wide[..hd], row, Lo::Last) },
+                Key::Absent => return false,
+            }
+            true
+        })
     };
     // SAFETY: as above; the rows are 3 * hd values, whole steps.
     unsafe { pack_rows_on_pool(keys, 3 * hd, row) };
@@ -137,8 +158,8 @@ unsafe fn halves<T: Widen16>(x: &[T], row: &mut [u16], lo: Lo) {
 }
 
 /// `out(r)[c] = sum over j of weights[r * len + j] * value j [c]` for `rows` weight rows of
-/// `len` and the `len` values of `values`, runs of f16 rows of `hd` in position order. Values
-/// and weights are rounded to bf16: each output is a mean of values, and rounding them moved
+/// `len` and the `len` values of `values`, bf16 rows of `hd` in position order. Values and
+/// weights are rounded to bf16: each output is a mean of values, and rounding them moved
 /// neither model's perplexity (splitting them as the keys are did not help).
 ///
 /// # Safety
@@ -148,17 +169,17 @@ pub unsafe fn weighted_sums(
     s: &mut Scratch,
     rows: usize,
     weights: &[f32],
-    values: &[&[f16]],
+    values: &[u16],
     hd: usize,
     out: impl Fn(usize) -> *mut f32,
 ) {
-    assert!(hd.is_multiple_of(STEP));
-    // SAFETY (each call below): the caller checked the CPU; the weight rows are padded with
-    // zeros to whole steps, as `interleave` pads the values.
-    let len = unsafe { gather(&mut s.values, values, hd) };
+    assert!(hd.is_multiple_of(STEP) && values.len().is_multiple_of(hd));
+    let len = values.len() / hd;
     assert!(weights.len() >= rows * len);
     let (k, lhs) = (len.next_multiple_of(STEP), &mut s.weights);
-    unsafe { s.rhs.interleave(&s.values, len, hd) };
+    // SAFETY (each call below): the caller checked the CPU; the weight rows are padded with
+    // zeros to whole steps, as `interleave` pads the values.
+    unsafe { s.rhs.interleave(values, len, hd) };
     for r0 in (0..rows).step_by(LHS_ROWS) {
         let nr = (rows - r0).min(LHS_ROWS);
         lhs.rows.resize(nr * k, 0);
@@ -176,22 +197,6 @@ pub unsafe fn weighted_sums(
         };
         unsafe { products(&lhs.tiles, s.rhs.columns(), &[], put) };
     }
-}
-
-/// The rows of `runs` rounded to bf16 into `dst`, one after the other; returns how many.
-///
-/// # Safety
-/// The CPU must pass [`super::avx512_bf16::available`].
-unsafe fn gather(dst: &mut Vec<u16>, runs: &[&[f16]], hd: usize) -> usize {
-    let len = runs.iter().map(|r| r.len()).sum::<usize>();
-    dst.resize(len, 0);
-    let mut at = 0;
-    for run in runs {
-        // SAFETY: the caller checked the CPU.
-        unsafe { narrow(run, &mut dst[at..at + run.len()]) };
-        at += run.len();
-    }
-    len / hd
 }
 
 /// Softmax of `x` in place, a `sink` logit counting in the denominator only: the tile rows'
@@ -305,10 +310,10 @@ mod tests {
     }
 
     /// The scores against exact f64 sums, the weighted sums against f64 sums of the operands
-    /// rounded to bf16 (values in runs that split the positions unevenly), a length that is not a
-    /// whole step and a row count that is not a whole tile; a row computed alone, or against
-    /// the keys from the second group on, has the bits it has among others; keys packed as
-    /// `None` (a key alone, a whole group) score 0.
+    /// rounded to bf16, a length that is not a whole step and a row count that is not a whole
+    /// tile; a row computed alone, or against the keys from the second group on, has the bits
+    /// it has among others; keys packed as absent (a key alone, a whole group) score 0, and
+    /// keys given widened to f32 pack as their f16 rows do.
     #[test]
     fn scores_are_exact_to_16_bits_and_weighted_sums_the_products_of_the_rounded_operands() {
         if !available() {
@@ -320,19 +325,23 @@ mod tests {
             (0..len * hd).map(|i| f16::from_f32(((i * 7) as f32 * salt).sin() * 2.0)).collect()
         };
         let (keys, values) = (cache(0.013), cache(0.029));
-        let runs = |x: &[f16]| -> Vec<Vec<f16>> {
-            vec![x[..3 * hd].to_vec(), x[3 * hd..19 * hd].to_vec(), x[19 * hd..].to_vec()]
-        };
-        let value_runs = runs(&values);
-        let value_runs: Vec<&[f16]> = value_runs.iter().map(Vec::as_slice).collect();
-        let key = |j: usize| Some(&keys[j * hd..][..hd]);
-        let (mut packed, mut holed) = (Inputs::default(), Inputs::default());
-        // The second buffer without key 7 and keys 16..32.
+        let mut rounded_values = vec![0u16; len * hd];
+        // SAFETY: available() checked the CPU.
+        unsafe { narrow(&values, &mut rounded_values) };
+        let key = |j: usize| &keys[j * hd..][..hd];
+        let (mut packed, mut holed, mut widened) = (Inputs::default(), Inputs::default(), Inputs::default());
+        // The second buffer without key 7 and keys 16..32; the third's keys given as f32.
         let absent = |j: usize| j == 7 || (ROWS..2 * ROWS).contains(&j);
-        // SAFETY: available() checked the CPU; hd is two steps.
-        unsafe {
-            pack_keys([(&mut packed, len), (&mut holed, len)], hd, |i, j| key(j).filter(|_| i == 0 || !absent(j)))
+        let pack = |i: usize, j: usize, row: &mut [f32]| match i {
+            1 if absent(j) => Key::Absent,
+            2 => {
+                row.iter_mut().zip(key(j)).for_each(|(r, k)| *r = k.to_f32());
+                Key::Widened
+            }
+            _ => Key::F16(key(j)),
         };
+        // SAFETY: available() checked the CPU; hd is two steps.
+        unsafe { pack_keys([(&mut packed, len), (&mut holed, len), (&mut widened, len)], hd, pack) };
         let q: Vec<f32> = (0..rows * hd).map(|i| ((i * 3) as f32 * 0.031).cos()).collect();
         let query = |r: usize| &q[r * hd..][..hd];
         let mut s = Scratch::default();
@@ -353,7 +362,7 @@ mod tests {
         let base = out.as_mut_ptr();
         let at = move |r: usize| base.wrapping_add(r * hd);
         // SAFETY: as above; out holds rows x hd.
-        unsafe { weighted_sums(&mut s, rows, &w, &value_runs, hd, at) };
+        unsafe { weighted_sums(&mut s, rows, &w, &rounded_values, hd, at) };
         for r in 0..rows {
             for c in 0..hd {
                 let want: f64 = (0..len).map(|j| rounded(w[r * len + j]) * rounded(values[j * hd + c].to_f32())).sum();
@@ -375,10 +384,13 @@ mod tests {
         for (j, (&v, &want)) in alone.iter().zip(&got[33 * len..34 * len]).enumerate() {
             assert_eq!(v, if absent(j) { 0.0 } else { want }, "key {j}");
         }
+        // SAFETY: as above.
+        unsafe { scores(&mut s, 1, |_| query(33), widened.columns(), len, hd, 0.5, &mut alone) };
+        assert_eq!(alone, got[33 * len..34 * len], "keys widened to f32 pack as their f16 rows");
         let mut one = vec![f32::NAN; hd];
         let base = one.as_mut_ptr();
         // SAFETY: as above.
-        unsafe { weighted_sums(&mut s, 1, &w[33 * len..34 * len], &value_runs, hd, move |_| base) };
+        unsafe { weighted_sums(&mut s, 1, &w[33 * len..34 * len], &rounded_values, hd, move |_| base) };
         assert_eq!(one, out[33 * hd..34 * hd]);
     }
 }
