@@ -439,7 +439,21 @@ fn q8(x: f32, scale: f32) -> i8 {
     if scale == 0.0 {
         0
     } else {
-        (x / scale).round().clamp(-127.0, 127.0) as i8
+        round_half_away(x / scale).clamp(-127.0, 127.0) as i8
+    }
+}
+
+/// `x.round()` (halves away from zero) without a call: the baseline x86-64 target has no
+/// rounding instruction, and `roundf` calls were 15% of the samples of quantizing blocks in a
+/// profile of prompts over an int4 cache. Exact: `x - trunc(x)` is exact in f32, and beyond
+/// `i32`'s range (or for NaN) the clamps that follow give what `round` would have given them.
+#[inline(always)]
+fn round_half_away(x: f32) -> f32 {
+    let t = x as i32 as f32;
+    if (x - t).abs() >= 0.5 {
+        t + x.signum()
+    } else {
+        t
     }
 }
 
@@ -454,7 +468,7 @@ fn q4(x: f32, scale: f16, min: f16) -> u8 {
     if s == 0.0 {
         0
     } else {
-        ((x - min.to_f32()) / s).round().clamp(0.0, 15.0) as u8
+        round_half_away((x - min.to_f32()) / s).clamp(0.0, 15.0) as u8
     }
 }
 
@@ -541,6 +555,26 @@ mod tests {
         twice.values_into(1, hd, (0, BLOCK_TOKENS), &mut a);
         int4.values_into(1, hd, (0, BLOCK_TOKENS), &mut b);
         assert!(worst(&a, &b, None) <= 2.0 / 15.0 + 1.0 / 127.0);
+    }
+
+    /// The codes' rounding is `f32::round`'s: halves, values a step either side of them,
+    /// signs, zeros, values past `i32`, infinities and NaN, as the clamps and casts see them.
+    #[test]
+    fn quantizing_rounds_as_f32_round_does() {
+        let mut xs =
+            vec![0.0f32, -0.0, 1e10, -1e10, 3e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE];
+        for i in -300..300 {
+            let half = i as f32 + 0.5;
+            xs.extend([half, half.next_up(), half.next_down(), i as f32, i as f32 * 0.37]);
+        }
+        for x in xs {
+            let (got, want) = (round_half_away(x), x.round());
+            assert!(got == want || (got.is_finite() && !want.is_finite()) || x.is_nan() || x.abs() > 2e9, "{x}");
+            for bound in [(-127.0, 127.0), (0.0, 15.0)] {
+                let cast = |r: f32| r.clamp(bound.0, bound.1) as i8;
+                assert_eq!(cast(got), cast(want), "{x} within {bound:?}");
+            }
+        }
     }
 
     #[test]
