@@ -6,8 +6,9 @@
 //! The keys are exact and the queries kept to 16 bits, each as two bf16 halves ([`scores`]);
 //! the values and the softmax weights are rounded to bf16, as torch's bf16 attention rounds
 //! them. Blocks stored at int8 or int4 come here widened from their codes (keys to 16 bits,
-//! values to bf16), where decoding tokens read them with the integer kernels. Only steps whose projections already take tiles come here (64 rows and more, see
-//! `linear.rs`), so decoding tokens and drafts keep the f32 kernels' bits. Each sum runs over
+//! values to bf16), where decoding tokens read them with the integer kernels. Only steps
+//! whose projections already take tiles come here (64 rows and more, see `linear.rs`), so
+//! decoding tokens and drafts keep the f32 kernels' bits. Each sum runs over
 //! its row in 32-value steps in the same order whatever the tile, so a query's output does not
 //! depend on the queries beside it.
 //!
