@@ -6,7 +6,7 @@
 # STAGED/llama.cpp and STAGED/skel, when present (the source tree and GGUF skeletons, see
 # llama_cpp.sh and random_gguf.py), add llama.cpp's CUDA backend on GGUFs of random weights;
 # its build runs beside the tests and is over before any benchmark starts.
-# TRANSFORMERS=0 leaves transformers out. BENCH_ARGS: more engine-bench arguments (such as
+# TRANSFORMERS=0 leaves transformers out; TESTS=0 the GPU tests (a second run in one call). BENCH_ARGS: more engine-bench arguments (such as
 # `--temperature 1` for sampled decoding). BASELINE=LIB: also a plugin library built earlier
 # (the same command), benchmarked just before the staged one on each model.
 # BUILD_REPO: the repository path the binaries were built in (the tests read goldens and
@@ -27,7 +27,9 @@ if [ -d "$staged/llama.cpp" ]; then
   bench/cuda/llama_cpp.sh build "$staged/llama.cpp" /tmp/llama-cuda >"$out/llama-build.log" 2>&1 &
   llama_build=$!
 fi
-"$staged/release/deps/it" cuda:: --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log"
+if [ "${TESTS:-1}" != 0 ]; then
+  "$staged/release/deps/it" cuda:: --test-threads 1 --nocapture 2>&1 | tee "$out/tests.log"
+fi
 if [ -n "${llama_build:-}" ]; then
   wait "$llama_build" && echo "llama.cpp built" || echo "llama.cpp build failed: see llama-build.log"
 fi

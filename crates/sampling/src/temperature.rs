@@ -59,7 +59,7 @@ fn max_of(logits: &[f32]) -> f32 {
 }
 
 /// Top-p's probabilities (at temperature 1) in fixed point, 2^40 for 1: their sums are exact in
-/// any order, so a GPU kernel summing them in parallel (the native engine's `pick_rows`) finds
+/// any order, so a GPU kernel summing them in parallel (the native engine's pick kernels) finds
 /// the same cut as this code.
 const FIXED_ONE: f32 = 1_099_511_627_776.0;
 /// Top-p's histogram buckets by distance below the best logit: 1/16384 of a logit wide, in

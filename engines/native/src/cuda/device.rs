@@ -68,7 +68,8 @@ pub struct Kernels {
     pub gated: CudaFunction,
     pub gather: CudaFunction,
     pub softcap: CudaFunction,
-    pub pick_rows: CudaFunction,
+    /// The passes that pick ids on the device, in launch order (kernels.cu).
+    pub pick: [CudaFunction; 6],
 }
 
 pub struct Gpu {
@@ -116,7 +117,12 @@ impl Gpu {
         let ptx = compile_ptx_with_opts(
             SOURCE,
             CompileOptions {
-                options: vec![format!("--gpu-architecture=compute_{major}{minor}"), "--std=c++17".into()],
+                options: vec![
+                    format!("--gpu-architecture=compute_{major}{minor}"),
+                    "--std=c++17".into(),
+                    // kernels.cu checks its scratch layout against model.rs's size.
+                    format!("-DPICK_SCRATCH_BYTES={}", super::model::PICK_SCRATCH_BYTES),
+                ],
                 ..Default::default()
             },
         )
@@ -133,7 +139,14 @@ impl Gpu {
             gated: f("gated")?,
             gather: f("gather")?,
             softcap: f("softcap")?,
-            pick_rows: f("pick_rows")?,
+            pick: [
+                f("pick_max")?,
+                f("pick_coarse")?,
+                f("pick_fine")?,
+                f("pick_low")?,
+                f("pick_weights")?,
+                f("pick_choose")?,
+            ],
         };
         let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
         let name = ctx.name().unwrap_or_else(|_| format!("GPU {ordinal}"));

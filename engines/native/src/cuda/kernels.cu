@@ -250,35 +250,24 @@ __device__ __forceinline__ void keep_larger(float& v, int& i, float v2, int i2) 
     }
 }
 
-// The index of the largest value of `row`, the first where several tie, as
-// llmr_sampling::argmax picks it on the host: NaN never wins, and a row with nothing above -inf
-// gives 0. Every thread of the block calls it; thread 0 gets the answer.
-__device__ int row_argmax(const float* row, int vocab) {
-    const float neg_inf = __int_as_float(0xff800000);
-    const int none = 0x7fffffff;
-    float v = neg_inf;
-    int i = none;
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x)
-        if (row[c] > v) {
-            v = row[c];
-            i = c;
-        }
-    for (int o = 16; o > 0; o >>= 1)
-        keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+// The largest (v, i) over the block by keep_larger, given to every thread.
+__device__ void block_argmax(float& v, int& i) {
     __shared__ float best[32];
     __shared__ int at[32];
+    for (int o = 16; o > 0; o >>= 1)
+        keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
     if (lane == 0) {
         best[warp] = v;
         at[warp] = i;
     }
     __syncthreads();
     bool held = lane < (int)(blockDim.x / 32);
-    v = held ? best[lane] : neg_inf;
-    i = held ? at[lane] : none;
+    v = held ? best[lane] : __int_as_float(0xff800000);
+    i = held ? at[lane] : 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1)
         keep_larger(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-    return v > neg_inf ? i : 0;
 }
 
 // The largest of `v` over the block (NaN never wins), given to every thread.
@@ -315,8 +304,15 @@ __device__ u64 block_sum_u64(u64 v) {
     return v;
 }
 
-// What pick_rows does with a row: the first of its PICK_FLOATS values (llmr_sampling's
-// DevicePick, and rows whose logits the host reads itself).
+// Picking ids on the device: each output row's id, the most likely or the temperature draw
+// llmr_sampling makes on the host from the same logits (the same id: its cut, weights and sums
+// computed to the bit). A row of logits is read by many blocks at once, in passes launched one
+// after the other (pick_max, pick_coarse, pick_fine, pick_low, pick_weights, pick_choose), each
+// leaving what the next needs in the row's PickScratch: one block per row read its 262,144
+// logits (Gemma 3) on one multiprocessor, latency-bound, a pass at a time.
+//
+// What is done with a row: the first of its PICK_FLOATS values (llmr_sampling's DevicePick, and
+// rows whose logits the host reads itself).
 #define PICK_ARGMAX 0
 #define PICK_DRAW 1
 #define PICK_NONE 2
@@ -325,6 +321,26 @@ __device__ u64 block_sum_u64(u64 v) {
 // (llmr_sampling's temperature.rs), for vocabularies of up to DRAW_BLOCKS blocks.
 #define DRAW_BLOCK 512
 #define DRAW_BLOCKS 1024
+// The passes over a row give each block `chunk` ids (grid: rows x chunks), a multiple of
+// PICK_CHUNK: the more rows, the larger, so that fewer blocks add into each row's histograms.
+#define PICK_CHUNK 4096
+#define PICK_CHUNKS (DRAW_BLOCKS * DRAW_BLOCK / PICK_CHUNK)
+
+struct PickScratch {
+    // Top-p's histograms (below): by group, then by bucket in the group where top-p is reached.
+    u64 coarse[1024];
+    u64 fine[1024];
+    // Per chunk: the largest logit and its index (the first of ties), and the lowest logit of
+    // top-p's last bucket (+inf where the chunk has none).
+    float chunk_max[PICK_CHUNKS];
+    int chunk_arg[PICK_CHUNKS];
+    float chunk_low[PICK_CHUNKS];
+    // Per DRAW_BLOCK ids: the sum of their weights, and the last id with weight (-1: none).
+    float block_weight[DRAW_BLOCKS];
+    int block_last[DRAW_BLOCKS];
+};
+// model.rs's PICK_SCRATCH_BYTES, given by device.rs.
+static_assert(sizeof(PickScratch) == PICK_SCRATCH_BYTES, "PickScratch's size is mirrored in model.rs");
 
 // llmr_sampling's exp_nonpositive, operation for operation and rounded as Rust rounds (no fused
 // multiply-adds), so that a draw's weights are the host's to the bit.
@@ -347,10 +363,10 @@ __device__ __forceinline__ float exp_nonpositive(float x) {
 }
 
 // Top-p as llmr_sampling's top_p_gap finds it, to the bit: probabilities (at temperature 1) in
-// fixed point, 2^40 for 1, so that their sums are the same in any order, in a histogram by
-// distance below the best logit (1/16384 of a logit a bucket, 1024 buckets a group, the last
-// catching the rest), by group, then by bucket in the group where the mass reaches top-p; the
-// cut is the lowest logit in that bucket.
+// fixed point, 2^40 for 1, so that their sums are the same in any order (and over any number of
+// blocks), in a histogram by distance below the best logit (1/16384 of a logit a bucket, 1024
+// buckets a group, the last catching the rest), by group, then by bucket in the group where the
+// mass reaches top-p; the cut is the lowest logit in that bucket.
 #define FINE_PER_LOGIT 16384.f
 #define FINE_LAST (1024 * 1024 - 1)
 __device__ __forceinline__ int fine_bucket(float best, float l) {
@@ -360,140 +376,320 @@ __device__ __forceinline__ u64 fixed_prob(float l, float best) {
     return l == l ? (u64)__fmul_rn(exp_nonpositive(__fsub_rn(l, best)), 1099511627776.f) : 0ull;
 }
 
-// The first bucket of `hist` (1024) where the running sum from `before` reaches `wanted` (the
-// last when none does); thread 0 finds it and every thread gets it, with the sum before it in
-// `before`.
+// The first bucket of `hist` (1024, the row's, in global memory) where the running sum from
+// `before` reaches `wanted` (the last when none does), with `before` advanced to the sum before
+// it; every thread gets both. The block copies the histogram to shared memory; then warp 0 does
+// it: each lane sums 32 buckets, a scan over the lanes finds the lane where the sum is reached,
+// and that lane walks its buckets.
 __device__ int crossing(const u64* hist, u64 wanted, u64& before) {
+    __shared__ u64 h[1024];
     __shared__ int edge;
     __shared__ u64 mass_before;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int e = 1023;
-        u64 acc = before;
-        for (int b = 0; b < 1024; b++) {
-            if (acc + hist[b] >= wanted) {
-                e = b;
-                break;
-            }
-            acc += hist[b];
+    for (int b = threadIdx.x; b < 1024; b += blockDim.x) h[b] = hist[b];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const u64* mine = h + lane * 32;
+        u64 sum = 0;
+        for (int j = 0; j < 32; j++) sum += mine[(j + lane) & 31];  // skewed: fewer bank conflicts
+        u64 running = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+            u64 t = __shfl_up_sync(0xffffffffu, running, o);
+            if (lane >= o) running += t;
         }
-        edge = e;
-        mass_before = e == 1023 && acc + hist[1023] < wanted ? acc - hist[1023] : acc;
+        const unsigned reached = __ballot_sync(0xffffffffu, before + running >= wanted);
+        if (lane == (reached ? __ffs(reached) - 1 : 31)) {
+            u64 acc = before + running - sum;
+            int e = -1;
+            for (int j = 0; j < 32; j++) {
+                if (acc + mine[j] >= wanted) {
+                    e = lane * 32 + j;
+                    break;
+                }
+                acc += mine[j];
+            }
+            if (e < 0) {  // reached nowhere: the last bucket, and the sum before it
+                e = 1023;
+                acc -= mine[31];
+            }
+            edge = e;
+            mass_before = acc;
+        }
     }
     __syncthreads();
     before = mass_before;
     return edge;
 }
 
-// How far below the best logit top-p cuts (the logit minus the best of the last token kept).
-__device__ float top_p_gap(const float* row, int vocab, float best, float top_p) {
-    __shared__ u64 hist[1024];
-    const int tid = threadIdx.x;
-    for (int b = tid; b < 1024; b += blockDim.x) hist[b] = 0;
-    __syncthreads();
-    u64 mine = 0;
-    for (int c = tid; c < vocab; c += blockDim.x) {
-        u64 q = fixed_prob(row[c], best);
-        if (q == 0) continue;
-        atomicAdd(&hist[fine_bucket(best, row[c]) >> 10], q);
-        mine += q;
-    }
-    const u64 wanted = (u64)((double)block_sum_u64(mine) * (double)top_p);
-    u64 before = 0;
-    const int group = crossing(hist, wanted, before);
-    for (int b = tid; b < 1024; b += blockDim.x) hist[b] = 0;
-    __syncthreads();
-    for (int c = tid; c < vocab; c += blockDim.x) {
-        int f = fine_bucket(best, row[c]);
-        if ((f >> 10) == group) atomicAdd(&hist[f & 1023], fixed_prob(row[c], best));
-    }
-    const int cut = group * 1024 + crossing(hist, wanted, before);
-    float lowest = __int_as_float(0x7f800000);
-    for (int c = tid; c < vocab; c += blockDim.x)
-        if (fine_bucket(best, row[c]) == cut && fixed_prob(row[c], best) != 0) lowest = fminf(lowest, row[c]);
-    lowest = -block_max(-lowest);
-    return lowest < __int_as_float(0x7f800000) ? __fsub_rn(lowest, best) : __int_as_float(0xff800000);
+// A row's pick (`p`, PICK_FLOATS values), logits and scratch, as a kernel's block sees them.
+#define PICK_ROW                                                      \
+    const float* p = picks + (size_t)blockIdx.x * PICK_FLOATS;        \
+    const int mode = (int)p[0];                                       \
+    const float* row = x + (size_t)blockIdx.x * vocab;                \
+    PickScratch* s = (PickScratch*)scratch + blockIdx.x;              \
+    const int chunks = (vocab + chunk - 1) / chunk, tid = threadIdx.x;
+#define CHUNK_IDS(c)                                                  \
+    const int chunk_start = blockIdx.y * chunk, chunk_end = min(chunk_start + chunk, vocab); \
+    for (int c = chunk_start + tid; c < chunk_end; c += blockDim.x)
+
+// The row's best logit, from pick_max's chunks; every thread gets it.
+__device__ float row_best(const PickScratch* s, int chunks) {
+    float m = __int_as_float(0xff800000);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) m = fmaxf(m, s->chunk_max[c]);
+    return block_max(m);
 }
 
-// ids[r] = the id picked from row r of `x` (rows of `vocab`) as picks[r] says:
-// PICK_ARGMAX: the most likely (row_argmax); PICK_DRAW, with (u, 1/temperature, min-p's logit
-// gap, top-p): the temperature draw llmr_sampling::Draw::choose makes on the host, the same id
-// (its cut, weights and sums computed to the bit); PICK_NONE: -1 (the host reads the row). One
-// block of 1024 threads per row.
-extern "C" __global__ void pick_rows(const float* x, int vocab, const float* picks, int* ids) {
-    const float* row = x + (size_t)blockIdx.x * vocab;
-    const float* p = picks + (size_t)blockIdx.x * PICK_FLOATS;
-    const int mode = (int)p[0], tid = threadIdx.x;
+// Adds `q` to bucket `b` of a shared histogram through a one-bucket cache per thread: where the
+// logits are flat, most of a row lands in a few buckets, whose atomics would queue.
+struct CachedAdd {
+    u64* hist;
+    int bucket = -1;
+    u64 run = 0;
+    __device__ void add(int b, u64 q) {
+        if (b != bucket) {
+            if (run) atomicAdd(&hist[bucket], run);
+            bucket = b;
+            run = 0;
+        }
+        run += q;
+    }
+    __device__ void flush() {
+        if (run) atomicAdd(&hist[bucket], run);
+    }
+};
+
+// A shared histogram zeroed (every thread of the block calls it).
+__device__ void zero_hist(u64* hist) {
+    for (int b = threadIdx.x; b < 1024; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+}
+
+// A shared histogram added into the row's `global` one.
+__device__ void add_hist(const u64* hist, u64* global) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < 1024; b += blockDim.x)
+        if (hist[b]) atomicAdd(&global[b], hist[b]);
+}
+
+// Top-p's mass wanted (of the row's total in the coarse histogram), and the group where it is
+// reached, with the mass before that group in `before`.
+__device__ int top_p_group(const PickScratch* s, float top_p, u64& wanted, u64& before) {
+    u64 mine = 0;
+    for (int b = threadIdx.x; b < 1024; b += blockDim.x) mine += s->coarse[b];
+    wanted = (u64)((double)block_sum_u64(mine) * (double)top_p);
+    before = 0;
+    return crossing(s->coarse, wanted, before);
+}
+
+// Pass 1, grid rows x chunks: each chunk's largest logit and its index; the row's histograms
+// zeroed for the passes after it.
+extern "C" __global__ void pick_max(const float* x, int vocab, int chunk, const float* picks, u64* scratch) {
+    PICK_ROW
+    if (mode == PICK_NONE) return;
+    float v = __int_as_float(0xff800000);
+    int i = 0x7fffffff;
+    CHUNK_IDS(c) if (row[c] > v) {
+        v = row[c];
+        i = c;
+    }
+    block_argmax(v, i);
+    if (tid == 0) {
+        s->chunk_max[blockIdx.y] = v;
+        s->chunk_arg[blockIdx.y] = i;
+    }
+    if (mode == PICK_DRAW && p[4] < 1.f)
+        for (int b = blockIdx.y * blockDim.x + tid; b < 1024; b += gridDim.y * blockDim.x) s->coarse[b] = s->fine[b] = 0;
+    (void)chunks;
+}
+
+// Pass 2 (top-p rows), rows x chunks: the coarse histogram, by group below the best logit.
+extern "C" __global__ void pick_coarse(const float* x, int vocab, int chunk, const float* picks, u64* scratch) {
+    PICK_ROW
+    if (mode != PICK_DRAW || !(p[4] < 1.f)) return;
+    __shared__ u64 hist[1024];
+    const float best = row_best(s, chunks);
+    zero_hist(hist);
+    CachedAdd h{hist};
+    CHUNK_IDS(c) {
+        const u64 q = fixed_prob(row[c], best);
+        if (q) h.add(fine_bucket(best, row[c]) >> 10, q);
+    }
+    h.flush();
+    add_hist(hist, s->coarse);
+}
+
+// Pass 3 (top-p rows), rows x chunks: the fine histogram of the group where top-p is reached.
+extern "C" __global__ void pick_fine(const float* x, int vocab, int chunk, const float* picks, u64* scratch) {
+    PICK_ROW
+    if (mode != PICK_DRAW || !(p[4] < 1.f)) return;
+    __shared__ u64 hist[1024];
+    const float best = row_best(s, chunks);
+    u64 wanted, before;
+    const int group = top_p_group(s, p[4], wanted, before);
+    zero_hist(hist);
+    CachedAdd h{hist};
+    CHUNK_IDS(c) {
+        const int f = fine_bucket(best, row[c]);
+        if ((f >> 10) == group) {
+            const u64 q = fixed_prob(row[c], best);
+            if (q) h.add(f & 1023, q);
+        }
+    }
+    h.flush();
+    add_hist(hist, s->fine);
+}
+
+// Pass 4 (top-p rows), rows x chunks: the lowest logit of the bucket where top-p is reached.
+extern "C" __global__ void pick_low(const float* x, int vocab, int chunk, const float* picks, u64* scratch) {
+    PICK_ROW
+    if (mode != PICK_DRAW || !(p[4] < 1.f)) return;
+    const float best = row_best(s, chunks);
+    u64 wanted, before;
+    const int group = top_p_group(s, p[4], wanted, before);
+    const int cut = group * 1024 + crossing(s->fine, wanted, before);
+    float lowest = __int_as_float(0x7f800000);
+    CHUNK_IDS(c) if (fine_bucket(best, row[c]) == cut && fixed_prob(row[c], best) != 0) lowest = fminf(lowest, row[c]);
+    lowest = -block_max(-lowest);
+    if (tid == 0) s->chunk_low[blockIdx.y] = lowest;
+}
+
+// How far below the best logit a draw keeps ids (min-p's gap, and top-p's from pick_low).
+__device__ float draw_gap(const PickScratch* s, const float* p, int chunks, float best) {
+    const float min_gap = p[3];
+    if (!(p[4] < 1.f)) return min_gap;
+    float lowest = __int_as_float(0x7f800000);
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) lowest = fminf(lowest, s->chunk_low[c]);
+    lowest = -block_max(-lowest);
+    const float top_p_gap = lowest < __int_as_float(0x7f800000) ? __fsub_rn(lowest, best) : __int_as_float(0xff800000);
+    return fmaxf(min_gap, top_p_gap);
+}
+
+#define WEIGHT(l) (__fsub_rn((l), best) >= gap ? exp_nonpositive(__fmul_rn(__fsub_rn((l), best), inv_t)) : 0.f)
+
+// Pass 5 (draws), rows x (blocks of ids / (blockDim / 8)): each DRAW_BLOCK ids' summed weight
+// and last id with weight. Groups of eight threads sum one block of ids each, lane j the ids
+// j, j + 8, ... of it, then the group's first thread adds the eight lanes in order: the host's
+// sums, rounded alike.
+extern "C" __global__ void pick_weights(const float* x, int vocab, int chunk, const float* picks, u64* scratch) {
+    PICK_ROW
+    if (mode != PICK_DRAW) return;
+    const float best = row_best(s, chunks), gap = draw_gap(s, p, chunks, best), inv_t = p[2];
+    const int blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK, lane = tid % 8;
+    const int b = blockIdx.y * (blockDim.x / 8) + tid / 8;
+    float sum = 0.f;
+    int last = -1;
+    const int start = b * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
+    for (int c = start + lane; c < end; c += 8) {
+        float w = WEIGHT(row[c]);
+        sum = __fadd_rn(sum, w);
+        if (w > 0.f) last = c;
+    }
+    // Lanes 1..7 of the group to its lane 0, in order (all 32 threads of the warp shuffle).
+    float total = sum;
+    for (int j = 1; j < 8; j++) {
+        float t = __shfl_sync(0xffffffffu, sum, (tid % 32) - lane + j);
+        if (lane == 0) total = __fadd_rn(total, t);
+    }
+    for (int o = 1; o < 8; o <<= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    if (lane == 0 && b < blocks) {
+        s->block_weight[b] = total;
+        s->block_last[b] = last;
+    }
+}
+
+// Pass 6, one block per row: ids[r] = the row's pick. PICK_ARGMAX: the most likely, the first
+// where several tie, as llmr_sampling::argmax picks it (NaN never wins; a row with nothing above
+// -inf gives 0). PICK_DRAW, with (u, 1/temperature, min-p's logit gap, top-p): the id
+// llmr_sampling::Draw::choose draws, by the host's walk: the block of ids, then the id in it.
+// PICK_NONE: -1 (the host reads the row).
+extern "C" __global__ void pick_choose(const float* x, int vocab, int chunk, const float* picks, u64* scratch, int* ids) {
+    PICK_ROW
     if (mode == PICK_ARGMAX) {
-        int id = row_argmax(row, vocab);
-        if (tid == 0) ids[blockIdx.x] = id;
+        float v = __int_as_float(0xff800000);
+        int i = 0x7fffffff;
+        for (int c = tid; c < chunks; c += blockDim.x) keep_larger(v, i, s->chunk_max[c], s->chunk_arg[c]);
+        block_argmax(v, i);
+        if (tid == 0) ids[blockIdx.x] = v > __int_as_float(0xff800000) ? i : 0;
         return;
     }
     if (mode != PICK_DRAW) {
         if (tid == 0) ids[blockIdx.x] = -1;
         return;
     }
-    const float u = p[1], inv_t = p[2], min_gap = p[3], top_p = p[4];
-    float m = __int_as_float(0xff800000);
-    for (int c = tid; c < vocab; c += blockDim.x) m = row[c] > m ? row[c] : m;
-    const float best = block_max(m);
-    const float gap = top_p < 1.f ? fmaxf(min_gap, top_p_gap(row, vocab, best, top_p)) : min_gap;
-#define WEIGHT(l) (__fsub_rn((l), best) >= gap ? exp_nonpositive(__fmul_rn(__fsub_rn((l), best), inv_t)) : 0.f)
-    // Groups of eight threads sum one block of ids each, lane j the ids j, j + 8, ... of it, then
-    // the group's first thread adds the eight lanes in order: the host's sums, rounded alike.
-    __shared__ float block_weight[DRAW_BLOCKS];
-    __shared__ int block_last[DRAW_BLOCKS];
-    const int blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK, lane = tid % 8;
-    for (int b = tid / 8; b < (blocks + 3) / 4 * 4; b += blockDim.x / 8) {
-        float sum = 0.f;
-        int last = -1;
-        const int start = b * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
-        for (int c = start + lane; c < end; c += 8) {
-            float w = WEIGHT(row[c]);
-            sum = __fadd_rn(sum, w);
-            if (w > 0.f) last = c;
+    const float best = row_best(s, chunks), gap = draw_gap(s, p, chunks, best), inv_t = p[2];
+    const int blocks = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    __shared__ float weight[DRAW_BLOCKS];
+    __shared__ float block_w[DRAW_BLOCK];
+    __shared__ int found, last_kept;
+    __shared__ float target;
+    for (int b = tid; b < blocks; b += blockDim.x) weight[b] = s->block_weight[b];
+    __syncthreads();
+    // The walk over blocks; rounding that leaves the sums a hair short of the target gives the
+    // last id with weight.
+    if (tid == 0) {
+        float total = 0.f;
+        for (int b = 0; b < blocks; b++) total = __fadd_rn(total, weight[b]);
+        float t = __fmul_rn(p[1], total);
+        int kept = 0, b = 0;
+        for (; b < blocks; b++) {
+            const float sum = weight[b];
+            if (sum <= 0.f) continue;
+            if (!(t >= sum)) break;
+            t = __fsub_rn(t, sum);
+            kept = s->block_last[b];
         }
-        // Lanes 1..7 of the group to its lane 0, in order (all 32 threads of the warp shuffle).
-        float total = sum;
-        for (int j = 1; j < 8; j++) {
-            float s = __shfl_sync(0xffffffffu, sum, (tid % 32) - lane + j);
-            if (lane == 0) total = __fadd_rn(total, s);
-        }
-        for (int o = 1; o < 8; o <<= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
-        if (lane == 0 && b < blocks) {
-            block_weight[b] = total;
-            block_last[b] = last;
-        }
+        found = b;
+        target = t;
+        last_kept = kept;
     }
     __syncthreads();
+    const int first = found;
+    if (first == blocks) {
+        if (tid == 0) ids[blockIdx.x] = last_kept;
+        return;
+    }
+    // The block where the target falls: its weights at once, then walked in order.
+    const int start = first * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
+    for (int c = start + tid; c < end; c += blockDim.x) block_w[c - start] = WEIGHT(row[c]);
+    __syncthreads();
     if (tid != 0) return;
-    // The host's walk: the block, then the token in it; rounding that leaves the sums a hair
-    // short of the target gives the last token with weight.
-    float total = 0.f;
-    for (int b = 0; b < blocks; b++) total = __fadd_rn(total, block_weight[b]);
-    float target = __fmul_rn(u, total);
-    int last_kept = 0;
-    for (int b = 0; b < blocks; b++) {
-        const float sum = block_weight[b];
+    float t = target;
+    int kept = last_kept;
+    for (int c = start; c < end; c++) {
+        const float w = block_w[c - start];
+        if (w > 0.f) {
+            kept = c;
+            if (t < w) {
+                ids[blockIdx.x] = c;
+                return;
+            }
+            t = __fsub_rn(t, w);
+        }
+    }
+    // Rounding carried the target past the block's own weights: on through the blocks after it,
+    // as the host walks (rare; one thread suffices).
+    for (int b = first + 1; b < blocks; b++) {
+        const float sum = weight[b];
         if (sum <= 0.f) continue;
-        if (target >= sum) {
-            target = __fsub_rn(target, sum);
-            last_kept = block_last[b];
+        if (t >= sum) {
+            t = __fsub_rn(t, sum);
+            kept = s->block_last[b];
             continue;
         }
-        const int start = b * DRAW_BLOCK, end = min(start + DRAW_BLOCK, vocab);
-        for (int c = start; c < end; c++) {
+        const int bs = b * DRAW_BLOCK, be = min(bs + DRAW_BLOCK, vocab);
+        for (int c = bs; c < be; c++) {
             const float w = WEIGHT(row[c]);
             if (w > 0.f) {
-                last_kept = c;
-                if (target < w) {
+                kept = c;
+                if (t < w) {
                     ids[blockIdx.x] = c;
                     return;
                 }
-                target = __fsub_rn(target, w);
+                t = __fsub_rn(t, w);
             }
         }
     }
-#undef WEIGHT
-    ids[blockIdx.x] = last_kept;
+    ids[blockIdx.x] = kept;
 }
+#undef WEIGHT

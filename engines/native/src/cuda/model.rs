@@ -117,9 +117,11 @@ struct StepBuffers {
     cast: DevBuf,
     last: DevBuf,
     out: DevBuf,
-    /// What `pick_rows` does with each output row ([`PICK_FLOATS`] f32 each), and the ids it
-    /// picked, when the step picks them on the device.
+    /// What the pick kernels do with each output row ([`PICK_FLOATS`] f32 each), what their
+    /// passes leave for the next ([`PICK_SCRATCH_BYTES`] a row), and the ids they picked, when
+    /// the step picks them on the device.
     picks: DevBuf,
+    pick_scratch: DevBuf,
     picked: DevBuf,
 }
 
@@ -172,7 +174,7 @@ enum Want {
     Logits,
     /// Final hidden states (embeddings).
     Hidden,
-    /// The ids `pick_rows` picks (the most likely, or a temperature draw), and the logits of
+    /// The ids the pick kernels pick (the most likely, or a temperature draw), and the logits of
     /// the rows it leaves to the host: the host reads 4 bytes a picked row, not the
     /// vocabulary's logits (1 MiB a row for Gemma 3's 262,144 ids).
     Pick,
@@ -315,6 +317,7 @@ impl CudaModel {
             last: f32s(tokens * c.hidden)?,
             out: f32s(out_rows * c.vocab.max(c.hidden))?,
             picks: f32s(out_rows * PICK_FLOATS)?,
+            pick_scratch: g.alloc(out_rows * PICK_SCRATCH_BYTES)?,
             picked: f32s(out_rows)?,
         });
         Ok(true)
@@ -383,7 +386,7 @@ impl CudaModel {
         })
     }
 
-    /// Whether `pick_rows` can draw from this model's rows (its block sums fit the vocabulary).
+    /// Whether the pick kernels can draw from this model's rows (its block sums fit the vocabulary).
     pub fn draws(&self) -> bool {
         self.config.vocab <= DRAW_MAX_VOCAB
     }
@@ -626,15 +629,34 @@ impl CudaModel {
                 g.launch_flat(&k.softcap, total, &[Arg::Ptr(b.out.ptr), Arg::F32(cap), Arg::U64(total as u64)])?;
             }
             if shape.want == Want::Pick {
-                g.launch(
-                    &k.pick_rows,
-                    (m as u32, 1),
-                    1024,
-                    &[Arg::Ptr(b.out.ptr), Arg::I32(c.vocab as i32), Arg::Ptr(b.picks.ptr), Arg::Ptr(b.picked.ptr)],
-                )?;
+                self.pick_rows(b, m)?;
             }
         }
         Ok(())
+    }
+
+    /// Picks the ids of the `m` output rows of `b.out` as `b.picks` says, into `b.picked`: the
+    /// passes of kernels.cu, each over every row at once, each row read by many blocks.
+    fn pick_rows(&self, b: &StepBuffers, m: usize) -> Result<(), GpuError> {
+        let vocab = self.config.vocab;
+        let [max, coarse, fine, low, weights, choose] = &self.gpu.k.pick;
+        // Ids per block of the passes over chunks: about 512 blocks a pass, at least PICK_CHUNK ids.
+        let chunk = vocab.div_ceil((512 / m).max(1)).next_multiple_of(PICK_CHUNK);
+        let args = [
+            Arg::Ptr(b.out.ptr),
+            Arg::I32(vocab as i32),
+            Arg::I32(chunk as i32),
+            Arg::Ptr(b.picks.ptr),
+            Arg::Ptr(b.pick_scratch.ptr),
+        ];
+        let (rows, chunks) = (m as u32, vocab.div_ceil(chunk) as u32);
+        for pass in [max, coarse, fine, low] {
+            self.gpu.launch(pass, (rows, chunks), PICK_THREADS, &args)?;
+        }
+        let groups = vocab.div_ceil(DRAW_BLOCK).div_ceil(WEIGHT_THREADS as usize / 8) as u32;
+        self.gpu.launch(weights, (rows, groups), WEIGHT_THREADS, &args)?;
+        let [out, width, chunk, picks, scratch] = args;
+        self.gpu.launch(choose, (rows, 1), CHOOSE_THREADS, &[out, width, chunk, picks, scratch, Arg::Ptr(b.picked.ptr)])
     }
 
     /// Gemma norms a branch's output before adding it to `x` (`x += norm(o)`, done here; false);
@@ -652,13 +674,23 @@ impl CudaModel {
 
 const _: () = assert!(BLOCK_TOKENS == 16, "kernels.cu assumes 16-token blocks");
 
-/// `pick_rows`'s row modes and floats per row (kernels.cu).
+/// The pick kernels' row modes and floats per row (kernels.cu).
 const PICK_ARGMAX: f32 = 0.0;
 const PICK_DRAW: f32 = 1.0;
 const PICK_NONE: f32 = 2.0;
 const PICK_FLOATS: usize = 5;
-/// `DRAW_BLOCKS` x `DRAW_BLOCK` (kernels.cu).
-const DRAW_MAX_VOCAB: usize = 1024 * 512;
+/// kernels.cu's `DRAW_BLOCK`, and `DRAW_BLOCKS` x `DRAW_BLOCK`.
+const DRAW_BLOCK: usize = 512;
+const DRAW_MAX_VOCAB: usize = 1024 * DRAW_BLOCK;
+/// kernels.cu's `PICK_CHUNK` (the fewest ids per block in the passes over a row), and
+/// `sizeof(PickScratch)` (given to NVRTC, which checks it).
+const PICK_CHUNK: usize = 4096;
+pub(super) const PICK_SCRATCH_BYTES: usize = 26_112;
+/// Threads per block of the passes over chunks (16 ids each, or more with many rows), of `pick_weights` (eight per
+/// block of ids: 16 blocks of ids) and of `pick_choose` (one per id of the block it walks).
+const PICK_THREADS: u32 = 256;
+const WEIGHT_THREADS: u32 = 128;
+const CHOOSE_THREADS: u32 = 512;
 
 /// `ATT_WARPS` (kernels.cu) warps per attention block.
 const ATTENTION_THREADS: u32 = 4 * 32;
