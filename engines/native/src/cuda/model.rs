@@ -640,8 +640,7 @@ impl CudaModel {
     fn pick_rows(&self, b: &StepBuffers, m: usize) -> Result<(), GpuError> {
         let vocab = self.config.vocab;
         let [max, coarse, fine, low, weights, choose] = &self.gpu.k.pick;
-        // Ids per block of the passes over chunks: about 512 blocks a pass, at least PICK_CHUNK ids.
-        let chunk = vocab.div_ceil((512 / m).max(1)).next_multiple_of(PICK_CHUNK);
+        let chunk = pick_chunk(vocab, m);
         let args = [
             Arg::Ptr(b.out.ptr),
             Arg::I32(vocab as i32),
@@ -674,6 +673,13 @@ impl CudaModel {
 
 const _: () = assert!(BLOCK_TOKENS == 16, "kernels.cu assumes 16-token blocks");
 
+/// Ids per block of the pick passes over chunks of `vocab` with `rows` rows: about 512 blocks a
+/// pass (rows x chunks), at least [`PICK_CHUNK`] ids, and at most [`PICK_CHUNKS`] chunks (a
+/// greedy pick takes any vocabulary).
+fn pick_chunk(vocab: usize, rows: usize) -> usize {
+    vocab.div_ceil((512 / rows).max(1)).max(vocab.div_ceil(PICK_CHUNKS)).next_multiple_of(PICK_CHUNK)
+}
+
 /// The pick kernels' row modes and floats per row (kernels.cu).
 const PICK_ARGMAX: f32 = 0.0;
 const PICK_DRAW: f32 = 1.0;
@@ -685,6 +691,8 @@ const DRAW_MAX_VOCAB: usize = 1024 * DRAW_BLOCK;
 /// kernels.cu's `PICK_CHUNK` (the fewest ids per block in the passes over a row), and
 /// `sizeof(PickScratch)` (given to NVRTC, which checks it).
 const PICK_CHUNK: usize = 4096;
+/// kernels.cu's `PICK_CHUNKS`: the most chunks a row's scratch holds.
+const PICK_CHUNKS: usize = DRAW_MAX_VOCAB / PICK_CHUNK;
 pub(super) const PICK_SCRATCH_BYTES: usize = 26_112;
 /// Threads per block of the passes over chunks (16 ids each, or more with many rows), of `pick_weights` (eight per
 /// block of ids: 16 blocks of ids) and of `pick_choose` (one per id of the block it walks).
@@ -694,3 +702,26 @@ const CHOOSE_THREADS: u32 = 512;
 
 /// `ATT_WARPS` (kernels.cu) warps per attention block.
 const ATTENTION_THREADS: u32 = 4 * 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pick_chunks_spread_a_row_over_blocks_and_fit_its_scratch() {
+        // Gemma 3's vocabulary: 64 blocks a row alone, 8 of 32,768 ids at 64 rows.
+        assert_eq!(pick_chunk(262_144, 1), 4096);
+        assert_eq!(pick_chunk(262_144, 16), 8192);
+        assert_eq!(pick_chunk(262_144, 64), 32_768);
+        // A vocabulary smaller than a chunk, and more rows than blocks wanted: one chunk a row.
+        assert_eq!(pick_chunk(100, 1), 4096);
+        assert_eq!(pick_chunk(151_936, 1000), 155_648);
+        for vocab in [1, 4095, 4097, 49_152, 151_936, 262_144, DRAW_MAX_VOCAB, 2_000_000] {
+            for rows in [1, 2, 3, 7, 64, 513] {
+                let chunk = pick_chunk(vocab, rows);
+                assert!(chunk.is_multiple_of(PICK_CHUNK) && chunk >= PICK_CHUNK, "{vocab} ids, {rows} rows");
+                assert!(vocab.div_ceil(chunk) <= PICK_CHUNKS, "{vocab} ids, {rows} rows: too many chunks");
+            }
+        }
+    }
+}
