@@ -25,6 +25,8 @@ pub use llmr_kv_policy::Level;
 
 /// Int4 value groups: this many channels of one position share a scale and minimum.
 const V_GROUP: usize = 32;
+// The int4 values' reader walks 16 channels of one group at a time.
+const _: () = assert!(V_GROUP.is_multiple_of(16));
 
 /// One layer's keys and values for one block; each array is laid out
 /// `[kv_heads][BLOCK_TOKENS][head_dim]` (int8 codes: their pairs within a head), scales as
@@ -188,29 +190,47 @@ impl LayerBlock {
                 let mut vq = KvBuf::<u8>::zeroed(v.len() / 2);
                 let gs = kv_heads * BLOCK_TOKENS * groups;
                 let (mut v_scale, mut v_min) = (KvBuf::<f16>::zeroed(gs), KvBuf::<f16>::zeroed(gs));
+                // A head's codes are made as rows (`codes[t * hd + c]`), in loops over contiguous
+                // channels that vectorize, then packed into the layouts whole bytes at a time.
+                let mut codes = vec![0u8; BLOCK_TOKENS * hd];
+                let (mut lo, mut hi) = (vec![0f32; hd], vec![0f32; hd]);
+                let (mut scale, mut min) = (vec![0f32; hd], vec![0f32; hd]);
                 for h in 0..kv_heads {
                     let base = h * BLOCK_TOKENS * hd;
                     let head = base / 2..(base + BLOCK_TOKENS * hd) / 2;
-                    let (kh, vh) = (&mut kq[head.clone()], &mut vq[head]);
-                    for c in 0..hd {
-                        let (s, m) = range4((0..BLOCK_TOKENS).map(|t| k[base + t * hd + c]));
-                        (k_scale[h * hd + c], k_min[h * hd + c]) = (s, m);
-                        for t in 0..BLOCK_TOKENS {
-                            put4(kh, key4_at(t, c, hd), q4(k[base + t * hd + c], s, m));
+                    let (keys, values) = (&k[base..][..BLOCK_TOKENS * hd], &v[base..][..BLOCK_TOKENS * hd]);
+                    // Keys: a scale and minimum per channel, over the block's rows.
+                    lo.fill(f32::MAX);
+                    hi.fill(f32::MIN);
+                    for row in keys.chunks_exact(hd) {
+                        for ((l, u), &x) in lo.iter_mut().zip(&mut hi).zip(row) {
+                            (*l, *u) = (l.min(x), u.max(x));
                         }
                     }
-                    for t in 0..BLOCK_TOKENS {
-                        for g in 0..groups {
-                            let (c0, c1) = (g * V_GROUP, ((g + 1) * V_GROUP).min(hd));
-                            let row = &v[base + t * hd..][c0..c1];
+                    for c in 0..hd {
+                        let (s, m) = scale_min4(lo[c], hi[c]);
+                        (k_scale[h * hd + c], k_min[h * hd + c]) = (s, m);
+                        (scale[c], min[c]) = (s.to_f32(), m.to_f32());
+                    }
+                    for (row, out) in keys.chunks_exact(hd).zip(codes.chunks_exact_mut(hd)) {
+                        for (((o, &x), &s), &m) in out.iter_mut().zip(row).zip(&scale).zip(&min) {
+                            *o = q4(x, s, m);
+                        }
+                    }
+                    pack_keys4(&codes, hd, &mut kq[head.clone()]);
+                    // Values: a scale and minimum per row and group of channels.
+                    for (t, (row, out)) in values.chunks_exact(hd).zip(codes.chunks_exact_mut(hd)).enumerate() {
+                        for (g, (row, out)) in row.chunks(V_GROUP).zip(out.chunks_mut(V_GROUP)).enumerate() {
                             let (s, m) = range4(row.iter().copied());
                             let at = (h * groups + g) * BLOCK_TOKENS + t;
                             (v_scale[at], v_min[at]) = (s, m);
-                            for (c, x) in (c0..c1).zip(row) {
-                                put4(vh, value4_at(t, c, hd), q4(*x, s, m));
+                            let (s, m) = (s.to_f32(), m.to_f32());
+                            for (o, &x) in out.iter_mut().zip(row) {
+                                *o = q4(x, s, m);
                             }
                         }
                     }
+                    pack_values4(&codes, hd, &mut vq[head]);
                 }
                 Some(LayerBlock::Int4 { k: kq, k_scale, k_min, v: vq, v_scale, v_min })
             }
@@ -309,12 +329,20 @@ impl LayerBlock {
             LayerBlock::Int4 { v, v_scale, v_min, .. } => {
                 let groups = hd.div_ceil(V_GROUP);
                 let codes = &v[base / 2..][..BLOCK_TOKENS * hd / 2];
+                // value4_at's layout walked a chunk of 16 channels at a time (one group's): a
+                // byte every four holds channel i of the chunk's first half and channel i of
+                // its second.
                 for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-                    for (g, o) in row.chunks_mut(V_GROUP).enumerate() {
-                        let at = (kv * groups + g) * BLOCK_TOKENS + t;
+                    for (c0, o) in (0..).step_by(16).zip(row.chunks_mut(16)) {
+                        let at = (kv * groups + c0 / V_GROUP) * BLOCK_TOKENS + t;
                         let (s, m) = (v_scale[at].to_f32(), v_min[at].to_f32());
-                        for (c, o) in (g * V_GROUP..).zip(o) {
-                            *o = m + get4(codes, value4_at(t, c, hd)) as f32 * s;
+                        let (lo, hi) = o.split_at_mut(o.len() / 2);
+                        let first = (t / 4) * 2 * hd + c0 * 2 + t % 4;
+                        debug_assert_eq!(value4_at(t, c0, hd), (first, false));
+                        let bytes = codes[first..].iter().step_by(4);
+                        for ((lo, hi), b) in lo.iter_mut().zip(hi).zip(bytes) {
+                            *lo = m + (b & 0x0f) as f32 * s;
+                            *hi = m + (b >> 4) as f32 * s;
                         }
                     }
                 }
@@ -381,9 +409,17 @@ pub(crate) fn int4_keys_into(
     let scale = widen(&k_scale[kv * hd..][..hd], &mut scale);
     let min = widen(&k_min[kv * hd..][..hd], &mut min);
     let codes = &k[kv * BLOCK_TOKENS * hd / 2..][..BLOCK_TOKENS * hd / 2];
+    // key4_at's layout walked a channel quad at a time: the row's bytes of a quad lie side by
+    // side, its rows 8..16 in the high nibbles.
+    let half = BLOCK_TOKENS / 2;
     for (t, row) in (from..to).zip(out.chunks_exact_mut(hd)) {
-        for (c, ((o, s), m)) in row.iter_mut().zip(scale).zip(min).enumerate() {
-            *o = m + get4(codes, key4_at(t, c, hd)) as f32 * s;
+        let shift = if t >= half { 4 } else { 0 };
+        for (quad, ((o, s), m)) in (0..).step_by(4).zip(row.chunks_mut(4).zip(scale.chunks(4)).zip(min.chunks(4))) {
+            debug_assert_eq!(key4_at(t, quad, hd), (quad * half + (t % half) * o.len(), t >= half));
+            let bytes = &codes[quad * half + (t % half) * o.len()..][..o.len()];
+            for (((o, s), m), b) in o.iter_mut().zip(s).zip(m).zip(bytes) {
+                *o = m + ((b >> shift) & 0x0f) as f32 * s;
+            }
         }
     }
 }
@@ -460,34 +496,91 @@ fn round_half_away(x: f32) -> f32 {
 /// Scale and minimum (as stored, f16) of 4-bit codes covering `xs`.
 fn range4(xs: impl Iterator<Item = f32>) -> (f16, f16) {
     let (lo, hi) = xs.fold((f32::MAX, f32::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    scale_min4(lo, hi)
+}
+
+/// Scale and minimum (as stored, f16) of 4-bit codes covering `lo..=hi`.
+fn scale_min4(lo: f32, hi: f32) -> (f16, f16) {
     (f16::from_f32((hi - lo) / 15.0), f16::from_f32(lo))
 }
 
-fn q4(x: f32, scale: f16, min: f16) -> u8 {
-    let s = scale.to_f32();
-    if s == 0.0 {
-        0
-    } else {
-        round_half_away((x - min.to_f32()) / s).clamp(0.0, 15.0) as u8
+/// One head's int4 key codes (`codes[t * hd + c]`, each 0..15) into [`key4_at`]'s layout: the
+/// bytes of a channel quad and row `r` hold rows `r` and `r + 8`.
+fn pack_keys4(codes: &[u8], hd: usize, out: &mut [u8]) {
+    let half = BLOCK_TOKENS / 2;
+    for quad in (0..hd).step_by(4) {
+        let width = (hd - quad).min(4);
+        for r in 0..half {
+            debug_assert_eq!(key4_at(r, quad, hd), (quad * half + r * width, false));
+            let (low, high) = (&codes[r * hd + quad..][..width], &codes[(r + half) * hd + quad..][..width]);
+            for ((o, l), h) in out[quad * half + r * width..][..width].iter_mut().zip(low).zip(high) {
+                *o = l | h << 4;
+            }
+        }
     }
 }
 
-fn put4(packed: &mut [u8], (byte, high): (usize, bool), code: u8) {
-    let b = &mut packed[byte];
-    *b = if high { (*b & 0x0f) | (code << 4) } else { (*b & 0xf0) | code };
+/// One head's int4 value codes (as [`pack_keys4`]'s) into [`value4_at`]'s layout: a byte holds
+/// channel `i` of a 16-channel chunk's first half and channel `i` of its second.
+fn pack_values4(codes: &[u8], hd: usize, out: &mut [u8]) {
+    for (t, row) in codes.chunks_exact(hd).enumerate() {
+        for (c0, chunk) in (0..).step_by(16).zip(row.chunks(16)) {
+            let (low, high) = chunk.split_at(chunk.len() / 2);
+            let at = (t / 4) * 2 * hd + c0 * 2 + t % 4;
+            debug_assert_eq!(value4_at(t, c0, hd), (at, false));
+            for (i, (l, h)) in low.iter().zip(high).enumerate() {
+                out[at + i * 4] = l | h << 4;
+            }
+        }
+    }
 }
 
-fn get4(packed: &[u8], (byte, high): (usize, bool)) -> u8 {
-    if high {
-        packed[byte] >> 4
+/// The 4-bit code of `x` under a scale and minimum (as stored, widened once by the caller):
+/// `round((x - min) / scale)` within 0..=15, 0 for a zero scale or NaN. Without branches or
+/// saturating casts, so that a row of them vectorizes: the quotient is first held to -1..=16
+/// (NaN to -1), which rounds to what the clamp after rounding would give.
+#[inline(always)]
+fn q4(x: f32, scale: f32, min: f32) -> u8 {
+    #[allow(clippy::manual_clamp)] // clamp would keep NaN
+    let y = ((x - min) / scale).max(-1.0).min(16.0);
+    // SAFETY: y is a number within -1..=16 (max replaces NaN).
+    let t = unsafe { y.to_int_unchecked::<i32>() };
+    let r = t + (((y - t as f32).abs() >= 0.5) as i32) * if y < 0.0 { -1 } else { 1 };
+    if scale == 0.0 {
+        0
     } else {
-        packed[byte] & 0x0f
+        r.clamp(0, 15) as u8
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `code` put at a layout's place.
+    fn put4(packed: &mut [u8], (byte, high): (usize, bool), code: u8) {
+        let b = &mut packed[byte];
+        *b = if high { (*b & 0x0f) | (code << 4) } else { (*b & 0xf0) | code };
+    }
+
+    /// The 4-bit code as `f32::round` and a clamp make it (q4 without branches is checked
+    /// against it).
+    fn rounded4(x: f32, scale: f32, min: f32) -> u8 {
+        if scale == 0.0 {
+            0
+        } else {
+            ((x - min) / scale).round().clamp(0.0, 15.0) as u8
+        }
+    }
+
+    /// The code at a layout's place (`key4_at`, `value4_at`).
+    fn get4(packed: &[u8], (byte, high): (usize, bool)) -> u8 {
+        if high {
+            packed[byte] >> 4
+        } else {
+            packed[byte] & 0x0f
+        }
+    }
 
     /// A block whose channel 3 of every key is an outlier (as real keys have).
     fn block(kv_heads: usize, hd: usize) -> (LayerBlock, Vec<f32>, Vec<f32>) {
@@ -574,6 +667,97 @@ mod tests {
                 let cast = |r: f32| r.clamp(bound.0, bound.1) as i8;
                 assert_eq!(cast(got), cast(want), "{x} within {bound:?}");
             }
+            // int4's codes, as quotients of a scale and minimum, zero and infinite scales too.
+            for (scale, min) in [(1.0, 0.0), (0.37, -2.5), (0.0, 0.0), (f32::INFINITY, 0.0), (1e-30, 1.0)] {
+                assert_eq!(q4(x, scale, min), rounded4(x, scale, min), "{x} at scale {scale}, minimum {min}");
+            }
+        }
+    }
+
+    /// The int4 readers, which walk the layouts a quad or a chunk at a time, read every code
+    /// where `key4_at` and `value4_at` put it, to the bit, for head sizes that end in partial
+    /// quads and chunks, and for any range of rows.
+    #[test]
+    fn int4_readers_read_each_code_where_the_layout_puts_it() {
+        for hd in [2, 6, 10, 24, 64, 72, 256] {
+            let kv_heads = 2;
+            let n = kv_heads * BLOCK_TOKENS * hd;
+            let x = |i: usize, f: f32| f16::from_f32(((i * 13) as f32 * f).sin() * (1.0 + (i % 5) as f32));
+            let b =
+                LayerBlock::F16 { k: (0..n).map(|i| x(i, 0.31)).collect(), v: (0..n).map(|i| x(i, 0.17)).collect() };
+            let q = b.quantized(Level::Int4, kv_heads, hd).unwrap();
+            let LayerBlock::Int4 { k, k_scale, k_min, v, v_scale, v_min } = &q else { unreachable!() };
+            let groups = hd.div_ceil(V_GROUP);
+            for kv in 0..kv_heads {
+                let (kc, vc) = (&k[kv * BLOCK_TOKENS * hd / 2..], &v[kv * BLOCK_TOKENS * hd / 2..]);
+                for (from, to) in [(0, BLOCK_TOKENS), (3, 4), (7, 9), (15, 16)] {
+                    let (mut keys, mut values) = (vec![0f32; (to - from) * hd], vec![0f32; (to - from) * hd]);
+                    assert!(q.key_rows(kv, hd, (from, to), &mut keys) && q.value_rows(kv, hd, (from, to), &mut values));
+                    for (t, c) in (from..to).flat_map(|t| (0..hd).map(move |c| (t, c))) {
+                        let (s, m) = (k_scale[kv * hd + c].to_f32(), k_min[kv * hd + c].to_f32());
+                        let want = m + get4(kc, key4_at(t, c, hd)) as f32 * s;
+                        assert_eq!(keys[(t - from) * hd + c].to_bits(), want.to_bits(), "hd {hd} key ({t}, {c})");
+                        let at = (kv * groups + c / V_GROUP) * BLOCK_TOKENS + t;
+                        let (s, m) = (v_scale[at].to_f32(), v_min[at].to_f32());
+                        let want = m + get4(vc, value4_at(t, c, hd)) as f32 * s;
+                        assert_eq!(values[(t - from) * hd + c].to_bits(), want.to_bits(), "hd {hd} value ({t}, {c})");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Quantizing to int4, which makes each head's codes as rows and packs them whole bytes at
+    /// a time, gives the block a code at a time through the layouts would: the same codes,
+    /// scales and minimums, bit for bit.
+    #[test]
+    fn int4_blocks_hold_the_codes_the_layouts_place_one_at_a_time() {
+        for hd in [2, 6, 10, 24, 64, 72, 256] {
+            let kv_heads = 2;
+            let n = kv_heads * BLOCK_TOKENS * hd;
+            let x = |i: usize, f: f32| ((i * 13) as f32 * f).sin() * (1.0 + (i % 7) as f32);
+            let (k, v): (Vec<f32>, Vec<f32>) =
+                ((0..n).map(|i| x(i, 0.29)).collect(), (0..n).map(|i| x(i, 0.11)).collect());
+            let b = LayerBlock::F16 {
+                k: k.iter().map(|&x| f16::from_f32(x)).collect(),
+                v: v.iter().map(|&x| f16::from_f32(x)).collect(),
+            };
+            let LayerBlock::F16 { k: k16, v: v16 } = &b else { unreachable!() };
+            let (k, v) = (k16.to_f32_vec(), v16.to_f32_vec());
+            let Some(LayerBlock::Int4 { k: kq, k_scale, k_min, v: vq, v_scale, v_min }) =
+                b.quantized(Level::Int4, kv_heads, hd)
+            else {
+                unreachable!()
+            };
+            let groups = hd.div_ceil(V_GROUP);
+            let (mut want_k, mut want_v) = (vec![0u8; n / 2], vec![0u8; n / 2]);
+            for h in 0..kv_heads {
+                let base = h * BLOCK_TOKENS * hd;
+                let (kh, vh) = (
+                    &mut want_k[base / 2..][..BLOCK_TOKENS * hd / 2],
+                    &mut want_v[base / 2..][..BLOCK_TOKENS * hd / 2],
+                );
+                for c in 0..hd {
+                    let (s, m) = range4((0..BLOCK_TOKENS).map(|t| k[base + t * hd + c]));
+                    assert_eq!((k_scale[h * hd + c], k_min[h * hd + c]), (s, m), "hd {hd}: key scale of channel {c}");
+                    for t in 0..BLOCK_TOKENS {
+                        put4(kh, key4_at(t, c, hd), rounded4(k[base + t * hd + c], s.to_f32(), m.to_f32()));
+                    }
+                }
+                for t in 0..BLOCK_TOKENS {
+                    for g in 0..groups {
+                        let (c0, c1) = (g * V_GROUP, ((g + 1) * V_GROUP).min(hd));
+                        let (s, m) = range4(v[base + t * hd + c0..base + t * hd + c1].iter().copied());
+                        let at = (h * groups + g) * BLOCK_TOKENS + t;
+                        assert_eq!((v_scale[at], v_min[at]), (s, m), "hd {hd}: value scale of row {t}, group {g}");
+                        for c in c0..c1 {
+                            put4(vh, value4_at(t, c, hd), rounded4(v[base + t * hd + c], s.to_f32(), m.to_f32()));
+                        }
+                    }
+                }
+            }
+            assert!(kq[..] == want_k[..], "hd {hd}: key codes");
+            assert!(vq[..] == want_v[..], "hd {hd}: value codes");
         }
     }
 
