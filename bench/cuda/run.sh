@@ -6,9 +6,10 @@
 # STAGED/llama.cpp and STAGED/skel, when present (the source tree and GGUF skeletons, see
 # llama_cpp.sh and random_gguf.py), add llama.cpp's CUDA backend on GGUFs of random weights;
 # its build runs beside the tests and is over before any benchmark starts.
-# TRANSFORMERS=0 leaves transformers out; TESTS=0 the GPU tests (a second run in one call). BENCH_ARGS: more engine-bench arguments (such as
-# `--temperature 1` for sampled decoding). BASELINE=LIB: also a plugin library built earlier
-# (the same command), benchmarked just before the staged one on each model.
+# TRANSFORMERS=0 leaves transformers out; TESTS=0 the GPU tests (a second run in one call).
+# BENCH_ARGS: more engine-bench arguments (such as `--temperature 1` for sampled decoding).
+# BASELINE=LIB: also a plugin library built earlier (the same command), benchmarked just before
+# the staged one on each model.
 # BUILD_REPO: the repository path the binaries were built in (the tests read goldens and
 # manifests by it); default /work/main.
 set -uo pipefail

@@ -499,7 +499,8 @@ extern "C" __global__ void pick_max(const float* x, int vocab, int chunk, const 
         s->chunk_arg[blockIdx.y] = i;
     }
     if (mode == PICK_DRAW && p[4] < 1.f)
-        for (int b = blockIdx.y * blockDim.x + tid; b < 1024; b += gridDim.y * blockDim.x) s->coarse[b] = s->fine[b] = 0;
+        for (int b = blockIdx.y * blockDim.x + tid; b < 1024; b += gridDim.y * blockDim.x)
+            s->coarse[b] = s->fine[b] = 0;
     (void)chunks;
 }
 
@@ -603,7 +604,8 @@ extern "C" __global__ void pick_weights(const float* x, int vocab, int chunk, co
 // -inf gives 0). PICK_DRAW, with (u, 1/temperature, min-p's logit gap, top-p): the id
 // llmr_sampling::Draw::choose draws, by the host's walk: the block of ids, then the id in it.
 // PICK_NONE: -1 (the host reads the row).
-extern "C" __global__ void pick_choose(const float* x, int vocab, int chunk, const float* picks, u64* scratch, int* ids) {
+extern "C" __global__ void pick_choose(const float* x, int vocab, int chunk, const float* picks, u64* scratch,
+                                       int* ids) {
     PICK_ROW
     if (mode == PICK_ARGMAX) {
         float v = __int_as_float(0xff800000);

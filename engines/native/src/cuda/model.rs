@@ -175,7 +175,7 @@ enum Want {
     /// Final hidden states (embeddings).
     Hidden,
     /// The ids the pick kernels pick (the most likely, or a temperature draw), and the logits of
-    /// the rows it leaves to the host: the host reads 4 bytes a picked row, not the
+    /// the rows they leave to the host: the host reads 4 bytes a picked row, not the
     /// vocabulary's logits (1 MiB a row for Gemma 3's 262,144 ids).
     Pick,
 }
@@ -386,7 +386,8 @@ impl CudaModel {
         })
     }
 
-    /// Whether the pick kernels can draw from this model's rows (its block sums fit the vocabulary).
+    /// Whether the pick kernels can draw from this model's rows (its block sums fit the
+    /// vocabulary).
     pub fn draws(&self) -> bool {
         self.config.vocab <= DRAW_MAX_VOCAB
     }
@@ -688,14 +689,15 @@ const PICK_FLOATS: usize = 5;
 /// kernels.cu's `DRAW_BLOCK`, and `DRAW_BLOCKS` x `DRAW_BLOCK`.
 const DRAW_BLOCK: usize = 512;
 const DRAW_MAX_VOCAB: usize = 1024 * DRAW_BLOCK;
-/// kernels.cu's `PICK_CHUNK` (the fewest ids per block in the passes over a row), and
-/// `sizeof(PickScratch)` (given to NVRTC, which checks it).
+/// kernels.cu's `PICK_CHUNK` (the fewest ids per block in the passes over a row) and
+/// `PICK_CHUNKS` (the most chunks a row's scratch holds).
 const PICK_CHUNK: usize = 4096;
-/// kernels.cu's `PICK_CHUNKS`: the most chunks a row's scratch holds.
 const PICK_CHUNKS: usize = DRAW_MAX_VOCAB / PICK_CHUNK;
+/// `sizeof(PickScratch)` in kernels.cu, given to NVRTC, which checks it.
 pub(super) const PICK_SCRATCH_BYTES: usize = 26_112;
-/// Threads per block of the passes over chunks (16 ids each, or more with many rows), of `pick_weights` (eight per
-/// block of ids: 16 blocks of ids) and of `pick_choose` (one per id of the block it walks).
+/// Threads per block of the passes over chunks (16 ids each, or more with many rows), of
+/// `pick_weights` (eight per block of ids: 16 blocks of ids) and of `pick_choose` (one per id
+/// of the block it walks).
 const PICK_THREADS: u32 = 256;
 const WEIGHT_THREADS: u32 = 128;
 const CHOOSE_THREADS: u32 = 512;
