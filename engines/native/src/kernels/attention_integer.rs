@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 /// The largest i16 multiplier. Codes are within +-127, so a head of up to `MAX_HEAD_DIM`
 /// channels sums to at most 512 * 127 * 32767 < 2^31: an i32 lane cannot overflow.
 const MULTIPLIER_MAX: f32 = 32767.0;
-const MAX_HEAD_DIM: usize = 512;
+pub(super) const MAX_HEAD_DIM: usize = 512;
 
 /// Int8 codes of a block's KV head ([`crate::kv_levels::key8_at`],
 /// [`crate::kv_levels::value8_at`]) as the kernels load them: sixteen at a time into i16 lanes,
@@ -299,14 +299,26 @@ pub(super) unsafe fn store_scores(
     (a, b): (usize, usize),
     out: &mut [f32],
 ) {
-    let half = BLOCK_TOKENS / 2;
-    // SAFETY: out holds b - a rows; register-only otherwise.
+    // SAFETY: register-only; the caller's CPU has AVX2 and FMA.
     unsafe {
         let (step, bias) = (_mm256_set1_ps(step), _mm256_set1_ps(bias));
         let score = [
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[0]), step, bias),
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[1]), step, bias),
         ];
+        store_rows(&score, (a, b), out);
+    }
+}
+
+/// A head's scores of the block's rows 0..8 and 8..16, those of rows `a..b` into `out`.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[inline(always)]
+pub(super) unsafe fn store_rows(score: &[__m256; 2], (a, b): (usize, usize), out: &mut [f32]) {
+    let half = BLOCK_TOKENS / 2;
+    // SAFETY: out holds b - a rows; register-only otherwise.
+    unsafe {
         if b - a == BLOCK_TOKENS {
             // A whole block (most of them): straight to the output; a copy of a run whose
             // length is not known here is a call to memmove.
@@ -552,17 +564,22 @@ mod tests {
                                 let want = (0..hd).map(|ch| qh[ch] as f64 * key_at(s, ch)).sum::<f64>() * 0.125;
                                 let got = scores[h * stride + s - a] as f64;
                                 // Each multiplier is within half a step (1/key_max of the largest
-                                // product, or of the largest |query| times the largest scale) of
-                                // query times scale, each code within its range; and f32's rounding.
+                                // product of its run of 32 channels, or of the largest |query|
+                                // times the largest scale) of query times scale, each code within
+                                // its range; and f32's rounding.
                                 let top = |x: &mut dyn Iterator<Item = f64>| x.map(f64::abs).fold(0f64, f64::max);
                                 let scales = || c.channel[..hd].iter().map(|x| x.to_f64());
-                                let largest = if exact {
-                                    top(&mut qh.iter().zip(scales()).map(|(&x, s)| x as f64 * s))
-                                } else {
-                                    top(&mut qh.iter().map(|&x| x as f64)) * top(&mut scales())
+                                let largest = |ch: usize| {
+                                    if exact {
+                                        let run = ch / 32 * 32..hd.min(ch / 32 * 32 + 32);
+                                        top(&mut run.map(|i| qh[i] as f64 * c.channel[i].to_f64()))
+                                    } else {
+                                        top(&mut qh.iter().map(|&x| x as f64)) * top(&mut scales())
+                                    }
                                 };
-                                let bound = 0.125 * 0.5 * largest / key_max * largest_code * hd as f64
-                                    + 1e-6 * (0..hd).map(|ch| (qh[ch] as f64 * key_at(s, ch)).abs()).sum::<f64>();
+                                let bound =
+                                    (0..hd).map(|ch| 0.125 * 0.5 * largest(ch) / key_max * largest_code).sum::<f64>()
+                                        + 1e-6 * (0..hd).map(|ch| (qh[ch] as f64 * key_at(s, ch)).abs()).sum::<f64>();
                                 assert!(
                                     (got - want).abs() <= bound,
                                     "hd {hd} heads {heads} ({a},{b}) h {h} s {s}: {got} vs {want}"
@@ -582,13 +599,11 @@ mod tests {
                                     })
                                     .sum();
                                 // Each row's multiplier within half a step: the largest weight times
-                                // scale (or the largest weight times the largest scale) over value_max.
+                                // scale of the channel's group (or the largest weight times the
+                                // largest scale) over value_max.
                                 let row_scale = |g: usize, s: usize| c.row[g * BLOCK_TOKENS + s].to_f64();
                                 let top = if exact {
-                                    (0..groups)
-                                        .flat_map(|g| (a..b).map(move |s| (g, s)))
-                                        .map(|(g, s)| w(s) * row_scale(g, s))
-                                        .fold(0f64, f64::max)
+                                    (a..b).map(|s| w(s) * row_scale(ch / group, s)).fold(0f64, f64::max)
                                 } else {
                                     (a..b).map(w).fold(0f64, f64::max)
                                         * c.row[..groups * BLOCK_TOKENS].iter().map(|x| x.to_f64()).fold(0f64, f64::max)
@@ -635,21 +650,27 @@ mod tests {
         }
     }
 
-    /// Kernel time per block (scores and weighted sum of one KV head read by its 3 query heads,
-    /// head_dim 64: SmolLM2's shapes) at f16, int8 and int4, over as many blocks as 8 sequences
-    /// of 4,096 tokens hold, each block its own copy: `cargo test --release -p
-    /// llmr-native-engine --lib kernels::attention_integer::tests::bench -- --ignored
-    /// --nocapture` (`BENCH_ROUNDS`, default 7, rounds over all blocks; medians).
+    /// Kernel time per block (scores and weighted sum of one KV head read by its query heads) at
+    /// f16, int8 and int4, over as many blocks as 8 sequences of 4,096 tokens hold, each block its
+    /// own copy, in two shapes: head_dim 64 read by 3 heads (SmolLM2) and 256 by 4 (Gemma 3):
+    /// `cargo test --release -p llmr-native-engine --lib kernels::attention_integer::tests::bench
+    /// -- --ignored --nocapture` (`BENCH_ROUNDS`, default 7, rounds over all blocks; medians).
     #[test]
     #[ignore]
     fn bench() {
-        use crate::kernels::attention_avx2::{attention_dots, attention_weighted_sum};
         if !crate::kernels::simd() {
             return;
         }
-        let (hd, heads, blocks) = (64usize, 3usize, 8 * 4096 / BLOCK_TOKENS);
         let rounds: usize =
             std::env::var("BENCH_ROUNDS").map_or(7, |r| r.parse().expect("BENCH_ROUNDS: a count")).max(1);
+        for (hd, heads) in [(64usize, 3usize), (256, 4)] {
+            bench_shape(hd, heads, rounds);
+        }
+    }
+
+    fn bench_shape(hd: usize, heads: usize, rounds: usize) {
+        use crate::kernels::attention_avx2::{attention_dots, attention_weighted_sum};
+        let blocks = 8 * 4096 / BLOCK_TOKENS;
         let c = case(hd, heads);
         let f16s: Vec<f16> = (0..BLOCK_TOKENS * hd).map(|i| f16::from_f32((i as f32 * 0.01).sin())).collect();
         let copies = |x: &[f16]| vec![x.to_vec(); blocks];
@@ -701,7 +722,10 @@ mod tests {
                 .collect();
             times.sort_by(f64::total_cmp);
             let (low, mid, high) = (times[0], times[rounds / 2], times[rounds - 1]);
-            println!("{name}: {mid:.0} ns a block (min {low:.0}, max {high:.0}); checksum {}", out[0] + scores[0]);
+            println!(
+                "head_dim {hd}, {heads} heads, {name}: {mid:.0} ns a block (min {low:.0}, max {high:.0}); checksum {}",
+                out[0] + scores[0]
+            );
         }
     }
 }
