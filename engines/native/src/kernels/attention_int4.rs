@@ -19,7 +19,7 @@
 //! CPU attention makes over quantized keys (q8_0), finer. One step a head and block left
 //! Gemma 3's 256 channels, beside their largest product, too few bits: its mean KLD at int4
 //! was 1.84x that of the AMX tiles, which keep 16-bit queries; with a step per 32 channels it
-//! is 1.17x, at 1.09x (head_dim 64) to 1.15x (256) the kernels' time (`bench/RESULTS.md`).
+//! is 1.17x, at 1.08x (head_dim 64) to 1.10x (256) the kernels' time (`bench/RESULTS.md`).
 //!
 //! On a decoding token that setup (the products, their largest, the minimum terms) costs more
 //! than the codes' arithmetic, so it runs in passes shared as far as they can be: the first
@@ -421,13 +421,18 @@ unsafe fn steps_and_factors<const SIGNED: bool>(v: &[__m256], steps: &mut [f32],
     // SAFETY: register-only but for the stores into `step` and `factor`, 8 lanes each.
     unsafe {
         for (i, v) in v.chunks(8).enumerate() {
-            // Loops of 8 with a test each, not copies of a length unknown here: those would be
-            // calls to memcpy. No closures either: they do not inherit the target features, and
-            // each intrinsic in one would be a call.
+            // Eight vectors in and eight lanes out whole; a last chunk of fewer in loops of 8
+            // with a test each, not copies of a length unknown here: those would be calls to
+            // memcpy. No closures either: they do not inherit the target features, and each
+            // intrinsic in one would be a call.
             let mut x = [_mm256_setzero_ps(); 8];
-            for (j, x) in x.iter_mut().enumerate() {
-                if j < v.len() {
-                    *x = v[j];
+            if v.len() == 8 {
+                x.copy_from_slice(v);
+            } else {
+                for (j, x) in x.iter_mut().enumerate() {
+                    if j < v.len() {
+                        *x = v[j];
+                    }
                 }
             }
             // Within each 128-bit half: pairs of vectors, then quads, then the two halves.
@@ -449,13 +454,20 @@ unsafe fn steps_and_factors<const SIGNED: bool>(v: &[__m256], steps: &mut [f32],
                 _mm256_cmp_ps::<_CMP_GT_OQ>(top, _mm256_setzero_ps()),
                 _mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(f32::INFINITY)),
             );
-            let (mut step, mut factor) = ([0f32; 8], [0f32; 8]);
-            _mm256_storeu_ps(step.as_mut_ptr(), _mm256_and_ps(usable, _mm256_div_ps(top, max)));
-            _mm256_storeu_ps(factor.as_mut_ptr(), _mm256_and_ps(usable, _mm256_div_ps(max, top)));
-            for j in 0..8 {
-                if j < v.len() {
-                    steps[i * 8 + j] = step[j];
-                    factors[i * 8 + j] = factor[j];
+            let step = _mm256_and_ps(usable, _mm256_div_ps(top, max));
+            let factor = _mm256_and_ps(usable, _mm256_div_ps(max, top));
+            if v.len() == 8 {
+                _mm256_storeu_ps(steps[i * 8..][..8].as_mut_ptr(), step);
+                _mm256_storeu_ps(factors[i * 8..][..8].as_mut_ptr(), factor);
+            } else {
+                let (mut s, mut f) = ([0f32; 8], [0f32; 8]);
+                _mm256_storeu_ps(s.as_mut_ptr(), step);
+                _mm256_storeu_ps(f.as_mut_ptr(), factor);
+                for j in 0..8 {
+                    if j < v.len() {
+                        steps[i * 8 + j] = s[j];
+                        factors[i * 8 + j] = f[j];
+                    }
                 }
             }
         }
