@@ -51,9 +51,9 @@ const ROW_QUADS: usize = BLOCK_TOKENS / 4;
 /// they are widened (32 channels).
 const STEP_QUADS: usize = 8;
 
-/// The most runs of products with a step of their own in one head's block: keys' runs and
-/// values' groups are both 32 channels.
-const MAX_RUNS: usize = MAX_HEAD_DIM / 32;
+/// The most runs of products with a step of their own in one head's block: keys' runs are 32
+/// channels, values' groups (`group`) 16 or more.
+const MAX_RUNS: usize = MAX_HEAD_DIM / 16;
 
 /// [`super::attention_integer::integer_dots`] over int4 keys `codes` (`min[c] + code * scale[c]`
 /// per channel), the caller's asserts made.
