@@ -418,7 +418,8 @@ unsafe fn value_products<const H: usize>(
 unsafe fn steps_and_factors<const SIGNED: bool>(v: &[__m256], steps: &mut [f32], factors: &mut [f32]) {
     assert!(v.len() == steps.len() && v.len() == factors.len());
     let max = _mm256_set1_ps(if SIGNED { KEY_MULTIPLIER_MAX } else { VALUE_MULTIPLIER_MAX });
-    // SAFETY: register-only but for the stores into `step` and `factor`, 8 lanes each.
+    // SAFETY: register-only but for the stores of 8 lanes: into `steps` and `factors` through
+    // slices of 8 (bounds-checked) for a whole chunk, else into `s` and `f`.
     unsafe {
         for (i, v) in v.chunks(8).enumerate() {
             // Eight vectors in and eight lanes out whole; a last chunk of fewer in loops of 8
