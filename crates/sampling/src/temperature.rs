@@ -10,6 +10,8 @@
 //! probabilities instead of sorting the vocabulary, in integer sums that a GPU kernel repeats to
 //! the bit, so that a draw made on the device is the host's.
 
+use crate::logits::max_logit;
+
 /// e^x for x <= 0, to about 2e-6 relative error, in arithmetic without calls, branches or
 /// float-to-int conversions, so that loops over it vectorize. Below -87 it is about 1e-38.
 #[inline(always)]
@@ -44,19 +46,6 @@ struct Scratch {
 }
 
 const BLOCK: usize = 512;
-
-#[inline(always)]
-fn max_of(logits: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = logits.chunks_exact(8);
-    let tail = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for c in chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    lanes.iter().copied().fold(tail, f32::max)
-}
 
 /// Top-p's probabilities (at temperature 1) in fixed point, 2^40 for 1: their sums are exact in
 /// any order, so a GPU kernel summing them in parallel (the native engine's pick kernels) finds
@@ -142,7 +131,7 @@ fn top_p_gap(logits: &[f32], max: f32, p: f32, scratch: &mut Scratch) -> f32 {
 /// and 0 for the rest, with their block sums; returns their total.
 #[inline(always)]
 fn weigh(logits: &[f32], scale: f32, min_gap: f32, top_p: f32, scratch: &mut Scratch) -> f32 {
-    let max = max_of(logits);
+    let max = max_logit(logits);
     let gap = if top_p < 1.0 { min_gap.max(top_p_gap(logits, max, top_p, scratch)) } else { min_gap };
     scratch.weights.resize(logits.len(), 0.0);
     scratch.blocks.clear();
