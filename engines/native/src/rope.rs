@@ -141,6 +141,11 @@ impl Rope {
 
     /// Rotates every head of `x` (`heads x head_dim`, contiguous) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        self.apply_all(&mut [x], head_dim, pos);
+    }
+
+    /// [`Self::apply`] on each of `xs` (a token's queries and keys), the angles taken once.
+    pub fn apply_all(&self, xs: &mut [&mut [f32]], head_dim: usize, pos: usize) {
         let half = head_dim / 2;
         // As transformers does: the angle is an f32 product, cos/sin are taken in f32.
         let mut cos = [0f32; 256];
@@ -151,7 +156,7 @@ impl Rope {
             cos[i] = angle.cos() * self.attention_factor;
             sin[i] = angle.sin() * self.attention_factor;
         }
-        for head in x.chunks_exact_mut(head_dim) {
+        for head in xs.iter_mut().flat_map(|x| x.chunks_exact_mut(head_dim)) {
             let (a, b) = head.split_at_mut(half);
             for i in 0..half {
                 let (x0, x1) = (a[i], b[i]);
@@ -177,6 +182,19 @@ mod tests {
         let norm = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
         assert!((norm(&x[..8]) - norm(&y[..8])).abs() < 1e-4);
         assert_ne!(x, y);
+    }
+
+    /// A token's queries and keys rotated together get the bits each gets rotated alone.
+    #[test]
+    fn rotating_queries_and_keys_together_is_rotating_each() {
+        let rope = Rope::new(16, 10_000.0, &RopeScaling::Linear { factor: 2.0 });
+        let q: Vec<f32> = (0..48).map(|i| (i as f32 * 0.61).cos()).collect();
+        let k: Vec<f32> = (0..32).map(|i| (i as f32 * 0.29).sin() - 0.2).collect();
+        let (mut q1, mut k1, mut q2, mut k2) = (q.clone(), k.clone(), q.clone(), k);
+        rope.apply(&mut q1, 16, 1234);
+        rope.apply(&mut k1, 16, 1234);
+        rope.apply_all(&mut [&mut q2, &mut k2], 16, 1234);
+        assert_eq!((q1, k1), (q2, k2));
     }
 
     #[test]

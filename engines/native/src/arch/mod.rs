@@ -12,6 +12,7 @@ use crate::kernels::linear::{forward_many, Linear};
 use crate::kv_cache::{BlockTable, KvPool};
 use crate::rope::Rope;
 use llmr_sampling::DevicePick;
+use rayon::prelude::*;
 
 /// One token of a step's batch.
 #[derive(Clone, Copy, Debug)]
@@ -184,12 +185,18 @@ fn rotate_and_store(
     s: &mut Scratch,
 ) {
     let (qw, kw) = (s.q.len() / batch.len(), s.k.len() / batch.len());
+    // The tokens spread over the pool (a prompt chunk's rotations on one thread kept the
+    // others waiting); a decoding step's few stay on the caller's thread.
+    let rotate = |((q, k), b): ((&mut [f32], &mut [f32]), &BatchToken)| rope.apply_all(&mut [q, k], head_dim, b.pos);
+    let tokens = s.q.par_chunks_exact_mut(qw).zip(s.k.par_chunks_exact_mut(kw)).zip(batch);
+    tokens.with_min_len(ROTATE_TASK_TOKENS).for_each(rotate);
     for (t, b) in batch.iter().enumerate() {
-        rope.apply(&mut s.q[t * qw..(t + 1) * qw], head_dim, b.pos);
-        rope.apply(&mut s.k[t * kw..(t + 1) * kw], head_dim, b.pos);
         pool.write(tables[b.seq], layer, b.pos, &s.k[t * kw..(t + 1) * kw], &s.v[t * kw..(t + 1) * kw]);
     }
 }
+
+/// Tokens one rotation task takes.
+const ROTATE_TASK_TOKENS: usize = 16;
 
 /// Where each token of the batch attends: its sequence's positions from `pos + 1 - window` (0
 /// when the window is unbounded) to `pos`.

@@ -73,6 +73,27 @@ fn control_tokens_are_written_as_text_only_when_asked() {
     }
 }
 
+/// The answers to `n` requests (`request(id, i)` the `i`-th): each alone on an engine with one
+/// slot (ids from `base`), then all sent at once to an engine with a slot each (ids from
+/// `base + 100`), so that they decode batched together.
+fn alone_and_together<'a>(
+    n: usize,
+    base: u64,
+    request: impl Fn(u64, usize) -> InferParams<'a> + Sync,
+) -> (Vec<String>, Vec<String>) {
+    let alone = {
+        let e = smollm2(1);
+        (0..n).map(|i| run(&e, &request(base + i as u64, i)).0).collect()
+    };
+    let e = smollm2(n as u32);
+    let together = std::thread::scope(|s| {
+        let (e, request) = (&e, &request);
+        let handles: Vec<_> = (0..n).map(|i| s.spawn(move || run(e, &request(base + 100 + i as u64, i)).0)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (alone, together)
+}
+
 #[test]
 fn sequences_batched_together_answer_exactly_as_they_do_alone() {
     let prompts = [
@@ -81,22 +102,31 @@ fn sequences_batched_together_answer_exactly_as_they_do_alone() {
         "def fibonacci(n):",
         "List of European capitals: Paris, Berlin,",
     ];
-    let alone: Vec<String> = {
-        let e = smollm2(1);
-        prompts.iter().enumerate().map(|(i, p)| run(&e, &greedy(100 + i as u64, p, 24)).0).collect()
+    let (alone, together) = alone_and_together(prompts.len(), 100, |id, i| greedy(id, prompts[i], 24));
+    assert_eq!(alone, together);
+    assert!(alone.iter().all(|t| !t.is_empty()));
+}
+
+/// Seeded draws give the same answers whether a sequence samples alone (its sampler on the
+/// scheduler's thread) or among others (their samplers on the model's threads together): the
+/// OpenAI defaults (temperature 1), top-p with min-p, and a top-k chain with penalties.
+#[test]
+fn seeded_draws_answer_the_same_alone_and_batched_together() {
+    let prompts = ["Once upon a time,", "My favourite food is", "The weather today", "A poem about the sea:"];
+    let sampled = |id: u64, i: usize, prompt: &'static str| {
+        let mut p = greedy(id, prompt, 20);
+        p.sampling.temperature = 1.0;
+        p.sampling.seed = Some(40 + i as u64);
+        // No drafts: a sequence checking one samples on the scheduler's thread.
+        p.sampling.speculative = false;
+        match i {
+            1 => (p.sampling.top_p, p.sampling.min_p) = (0.9, 0.05),
+            2 => (p.sampling.top_k, p.sampling.repeat_penalty) = (Some(20), 1.3),
+            _ => {}
+        }
+        p
     };
-    let e = smollm2(4);
-    let together: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let e = &e;
-                s.spawn(move || run(e, &greedy(200 + i as u64, p, 24)).0)
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let (alone, together) = alone_and_together(prompts.len(), 700, |id, i| sampled(id, i, prompts[i]));
     assert_eq!(alone, together);
     assert!(alone.iter().all(|t| !t.is_empty()));
 }
