@@ -63,6 +63,10 @@ struct Args {
     /// Top-p of those sampled tokens.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Ask for this many alternatives' log-probabilities with every token of the tg and batch
+    /// tests (OpenAI's `top_logprobs`): what the engine pays for them.
+    #[arg(long)]
+    logprobs: Option<u32>,
     /// The model's load options, a JSON object (the native engine's `kv_policy`,
     /// `kv_budget_mib`).
     #[arg(long)]
@@ -91,11 +95,12 @@ struct Args {
 
 impl Args {
     /// `--temperature` and `--top-p` on a request's settings (greedy when the temperature is 0),
-    /// seeded so that a run repeats.
+    /// seeded so that a run repeats, and `--logprobs`.
     fn sample(&self, s: &mut Sampling, seed: u64) {
         if self.temperature > 0.0 {
             (s.temperature, s.top_p, s.seed) = (self.temperature, self.top_p, Some(seed));
         }
+        s.logprobs = self.logprobs;
     }
 }
 

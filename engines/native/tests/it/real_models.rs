@@ -2,7 +2,7 @@
 //! test models by `scripts/convert_gguf_hf.py`): real weights through the whole plugin.
 
 use crate::support::{cached_model, engine, spec};
-use llmr_engine_host::{EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, Sampling};
+use llmr_engine_host::{Constraint, EmbedInputs, EngineInstance, FinishReason, InferParams, InferResult, Sampling};
 use std::sync::OnceLock;
 
 const CHAT: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
@@ -73,22 +73,49 @@ fn control_tokens_are_written_as_text_only_when_asked() {
     }
 }
 
-/// The answers to `n` requests (`request(id, i)` the `i`-th): each alone on an engine with one
-/// slot (ids from `base`), then all sent at once to an engine with a slot each (ids from
-/// `base + 100`), so that they decode batched together.
+/// One token of an answer as the engine streamed it: log-probabilities as bits, to compare
+/// them exactly.
+#[derive(Debug, PartialEq)]
+struct Streamed {
+    id: i32,
+    text: String,
+    logprob: u32,
+    top: Vec<(i32, u32)>,
+}
+
+fn transcript(engine: &EngineInstance, p: &InferParams<'_>) -> Vec<Streamed> {
+    let mut tokens = Vec::new();
+    engine
+        .infer(p, |t| {
+            let top = t.top.iter().map(|a| (a.token_id, a.logprob.to_bits())).collect();
+            tokens.push(Streamed { id: t.token_id, text: t.text.to_string(), logprob: t.logprob.to_bits(), top });
+            true
+        })
+        .unwrap();
+    tokens
+}
+
+fn text_of(tokens: &[Streamed]) -> String {
+    tokens.iter().map(|t| t.text.as_str()).collect()
+}
+
+/// The answers to `n` requests (`request(id, i)` the `i`-th), as transcripts: each alone on an
+/// engine with one slot (ids from `base`), then all sent at once to an engine with a slot each
+/// (ids from `base + 100`), so that they decode batched together.
 fn alone_and_together<'a>(
     n: usize,
     base: u64,
     request: impl Fn(u64, usize) -> InferParams<'a> + Sync,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<Vec<Streamed>>, Vec<Vec<Streamed>>) {
     let alone = {
         let e = smollm2(1);
-        (0..n).map(|i| run(&e, &request(base + i as u64, i)).0).collect()
+        (0..n).map(|i| transcript(&e, &request(base + i as u64, i))).collect()
     };
     let e = smollm2(n as u32);
     let together = std::thread::scope(|s| {
         let (e, request) = (&e, &request);
-        let handles: Vec<_> = (0..n).map(|i| s.spawn(move || run(e, &request(base + 100 + i as u64, i)).0)).collect();
+        let handles: Vec<_> =
+            (0..n).map(|i| s.spawn(move || transcript(e, &request(base + 100 + i as u64, i)))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     (alone, together)
@@ -107,28 +134,58 @@ fn sequences_batched_together_answer_exactly_as_they_do_alone() {
     assert!(alone.iter().all(|t| !t.is_empty()));
 }
 
-/// Seeded draws give the same answers whether a sequence samples alone (its sampler on the
-/// scheduler's thread) or among others (their samplers on the model's threads together): the
-/// OpenAI defaults (temperature 1), top-p with min-p, and a top-k chain with penalties.
+/// Seeded draws give the same answers whether a sequence samples alone (on the scheduler's
+/// thread) or among others (every sequence drawing on the model's threads at once): the OpenAI
+/// defaults (temperature 1), top-p with min-p, a top-k chain with penalties, and draws under a
+/// grammar and with log-probabilities, greedy and at temperature 1.
 #[test]
 fn seeded_draws_answer_the_same_alone_and_batched_together() {
-    let prompts = ["Once upon a time,", "My favourite food is", "The weather today", "A poem about the sea:"];
-    let sampled = |id: u64, i: usize, prompt: &'static str| {
-        let mut p = greedy(id, prompt, 20);
+    let prompts = [
+        "Once upon a time,",
+        "My favourite food is",
+        "The weather today",
+        "A poem about the sea:",
+        "Is Paris in France? Answer:",
+        "A colour, as JSON:",
+    ];
+    // Fewer prompt tokens together than `GEMM_MIN_ROWS` (64): every row of every step gets the
+    // bits it gets alone.
+    let sampled = |id: u64, i: usize| {
+        let mut p = greedy(id, prompts[i], 20);
         p.sampling.temperature = 1.0;
         p.sampling.seed = Some(40 + i as u64);
-        // No drafts: a sequence checking one samples on the scheduler's thread.
+        // No drafts: they add rows to a step (`speculation_keeps_the_output_...` checks them).
         p.sampling.speculative = false;
         match i {
             1 => (p.sampling.top_p, p.sampling.min_p) = (0.9, 0.05),
             2 => (p.sampling.top_k, p.sampling.repeat_penalty) = (Some(20), 1.3),
+            3 => p.sampling.logprobs = Some(3),
+            4 => {
+                p.sampling.constraint = Some(Constraint::Regex("(yes|no)[.!]? [A-Z][a-z ]{0,40}\\.".into()));
+                p.sampling.logprobs = Some(2);
+            }
+            5 => {
+                p.sampling.temperature = 0.0;
+                p.sampling.constraint = Some(Constraint::JsonSchema(
+                    r#"{"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"]}"#.into(),
+                ));
+            }
             _ => {}
         }
         p
     };
-    let (alone, together) = alone_and_together(prompts.len(), 700, |id, i| sampled(id, i, prompts[i]));
-    assert_eq!(alone, together);
-    assert!(alone.iter().all(|t| !t.is_empty()));
+    let (alone, together) = alone_and_together(prompts.len(), 700, sampled);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert!(!a.is_empty(), "request {i} answered nothing");
+        assert_eq!(a, t, "request {i}");
+    }
+    assert!(alone[3].iter().all(|t| t.top.len() == 3), "logprobs were asked for: {:?}", alone[3]);
+    let (answer, document) = (text_of(&alone[4]), text_of(&alone[5]));
+    assert!(answer.starts_with("yes") || answer.starts_with("no"), "{answer:?}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&document).is_ok_and(|v| v["colour"].is_string()),
+        "{document:?}"
+    );
 }
 
 #[test]
@@ -404,6 +461,68 @@ fn gemma3_sliding_layers_hold_the_window_and_prefixes_stay_usable() {
     assert!((res.prompt_tokens as usize - 256..res.prompt_tokens as usize - 32).contains(&common), "parts at {common}");
     let (_, _, res4) = greedy("windowed", 5, &parted);
     assert_eq!(res4.cached_tokens as usize, common, "a prompt parting at {common}");
+}
+
+/// Two sequences drafting in the same steps (each draws on the model's threads at once, and the
+/// drafts each did not keep leave its table after both drew) answer token for token as each
+/// does alone without drafts; the cache they leave is exact.
+#[test]
+fn sequences_drafting_together_keep_their_outputs() {
+    let passage = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the \
+                   age of foolishness, it was the epoch of belief, it was the epoch of incredulity.";
+    let prompt =
+        format!("<|im_start|>user\nRepeat this text word for word: {passage}<|im_end|>\n<|im_start|>assistant\n");
+    let e = engine(2);
+    let mut s = spec("smollm2", &cached_model("smollm2-hf"));
+    s.options = Some(serde_json::json!({"speculative_threshold": 0.0}));
+    e.load_model(&s).unwrap();
+    let drafts = |e: &EngineInstance| {
+        let m = e.metrics().unwrap()["models"][0].clone();
+        (m["draft_tokens_total"].as_u64().unwrap(), m["draft_accepted_total"].as_u64().unwrap())
+    };
+    // Both runs of each case read the prompt from the same cached blocks (see
+    // `speculation_keeps_the_output_...`).
+    ids(&e, &InferParams::new(700, "smollm2", &prompt, Sampling { max_tokens: Some(1), ..Sampling::greedy() }));
+    let cases = [
+        Sampling { max_tokens: Some(40), logprobs: Some(2), ..Sampling::greedy() },
+        Sampling { max_tokens: Some(40), temperature: 0.8, seed: Some(11), ..Sampling::default() },
+    ];
+    let plain: Vec<_> = (0..2)
+        .map(|i| {
+            ids(
+                &e,
+                &InferParams::new(
+                    710 + i,
+                    "smollm2",
+                    &prompt,
+                    Sampling { speculative: false, ..cases[i as usize].clone() },
+                ),
+            )
+            .0
+        })
+        .collect();
+    let before = drafts(&e);
+    let together: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let (e, prompt, sampling) = (&e, &prompt, cases[i].clone());
+                s.spawn(move || ids(e, &InferParams::new(720 + i as u64, "smollm2", prompt, sampling)).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let after = drafts(&e);
+    assert!(after.1 > before.1, "the copies kept drafts: {before:?} -> {after:?}");
+    assert!(after.0 - before.0 > after.1 - before.1, "and some drafts were not kept: {before:?} -> {after:?}");
+    assert_eq!(together, plain);
+    // Every table was cut back to what its sequence kept: a request reusing the cache answers
+    // as a fresh instance does.
+    let follow =
+        format!("{prompt}{passage}<|im_end|>\n<|im_start|>user\nAgain, please.<|im_end|>\n<|im_start|>assistant\n");
+    let off = Sampling { max_tokens: Some(16), speculative: false, ..Sampling::greedy() };
+    let (reused, _, res) = run(&e, &InferParams::new(730, "smollm2", &follow, off.clone()));
+    assert!(res.cached_tokens > 0, "{res:?}");
+    assert_eq!(reused, run(&smollm2(1), &InferParams::new(731, "smollm2", &follow, off)).0);
 }
 
 /// `prefill_chunk` raised after load past what the cache's budget was sized for (Gemma 3's
