@@ -1,7 +1,9 @@
 //! The process-wide llama.cpp backend and its log forwarding.
 //!
 //! llama.cpp has one global log callback, so logs go to the logger of the most recently created
-//! instance (in practice a node has one instance per plugin). The last error line is kept so
+//! instance still alive (in practice a node has one instance per plugin). An instance's logger
+//! leaves that list before its destroy returns ([`LogRoute`]): the host frees what the logger
+//! points to then, and another instance's threads may still log. The last error line is kept so
 //! that a failed model load can say why (llama.cpp only returns NULL), and the sizes llama.cpp
 //! reports for the KV caches it allocates are added up for the thread creating a context (it has
 //! no call that returns them), so `metrics` reports the cache's real size.
@@ -18,7 +20,8 @@ thread_local! {
 }
 
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
-static LOGGER: Mutex<Option<Logger>> = Mutex::new(None);
+/// The live instances' loggers, oldest first, each with its route's number.
+static LOGGERS: Mutex<Vec<(u64, Logger)>> = Mutex::new(Vec::new());
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 pub fn backend() -> &'static LlamaBackend {
@@ -30,8 +33,29 @@ pub fn backend() -> &'static LlamaBackend {
     })
 }
 
-pub fn set_logger(logger: Logger) {
-    *LOGGER.lock().unwrap() = Some(logger);
+/// An instance's place among the loggers llama.cpp's lines go to: the instance holds it, and
+/// dropping it takes the logger out. A line being forwarded holds the list's lock, so once
+/// the drop returns no line reaches that logger.
+pub struct LogRoute(u64);
+
+/// Sends llama.cpp's lines to `logger` until the route is dropped (or a newer one is added).
+pub fn route_logs(logger: Logger) -> LogRoute {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    lock_loggers().push((id, logger));
+    LogRoute(id)
+}
+
+impl Drop for LogRoute {
+    fn drop(&mut self) {
+        lock_loggers().retain(|(id, _)| *id != self.0);
+    }
+}
+
+/// A panic while forwarding a line must not leave the loggers unusable.
+fn lock_loggers() -> std::sync::MutexGuard<'static, Vec<(u64, Logger)>> {
+    LOGGERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Forgets the last error line; call before an operation whose failure should be explained.
@@ -84,7 +108,7 @@ unsafe extern "C" fn forward_log(level: llama_cpp_sys_2::ggml_log_level, text: *
         llama_cpp_sys_2::GGML_LOG_LEVEL_INFO => llmr_engine_sdk::abi::LLMR_LOG_DEBUG,
         _ => llmr_engine_sdk::abi::LLMR_LOG_TRACE,
     };
-    if let Some(logger) = LOGGER.lock().unwrap().as_ref() {
+    if let Some((_, logger)) = lock_loggers().last() {
         logger.log(level, line);
     }
 }

@@ -126,6 +126,8 @@ pub struct LlamaCppEngine {
     defaults: Mutex<LoadDefaults>,
     models: RwLock<HashMap<String, Arc<LoadedModel>>>,
     running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    /// Last, so that it is dropped after the models: freeing them may still log.
+    _log_route: backend::LogRoute,
 }
 
 impl LlamaCppEngine {
@@ -240,7 +242,7 @@ impl Engine for LlamaCppEngine {
                 "this build of the llama_cpp plugin was compiled without GPU support (features cuda / metal)",
             ));
         }
-        backend::set_logger(config.logger);
+        let log_route = backend::route_logs(config.logger);
         backend::backend();
         let chunk = config
             .params
@@ -290,6 +292,7 @@ impl Engine for LlamaCppEngine {
             }),
             models: RwLock::default(),
             running: Mutex::default(),
+            _log_route: log_route,
         })
     }
 
