@@ -463,6 +463,23 @@ fn gemma3_sliding_layers_hold_the_window_and_prefixes_stay_usable() {
     assert_eq!(res4.cached_tokens as usize, common, "a prompt parting at {common}");
 }
 
+/// An engine with SmolLM2 that drafts as deep as allowed whenever the text matches, whatever a
+/// token costs on this machine.
+fn speculating_smollm2() -> EngineInstance {
+    let e = engine(2);
+    let mut s = spec("smollm2", &cached_model("smollm2-hf"));
+    s.options = Some(serde_json::json!({"speculative_threshold": 0.0}));
+    e.load_model(&s).unwrap();
+    e
+}
+
+/// The model's decode steps, draft tokens fed and draft tokens kept so far.
+fn draft_counters(e: &EngineInstance) -> (u64, u64, u64) {
+    let m = e.metrics().unwrap()["models"][0].clone();
+    let n = |k: &str| m[k].as_u64().unwrap();
+    (n("decode_steps_total"), n("draft_tokens_total"), n("draft_accepted_total"))
+}
+
 /// Two sequences drafting in the same steps (each draws on the model's threads at once, and the
 /// drafts each did not keep leave its table after both drew) answer token for token as each
 /// does alone without drafts; the cache they leave is exact.
@@ -472,13 +489,10 @@ fn sequences_drafting_together_keep_their_outputs() {
                    age of foolishness, it was the epoch of belief, it was the epoch of incredulity.";
     let prompt =
         format!("<|im_start|>user\nRepeat this text word for word: {passage}<|im_end|>\n<|im_start|>assistant\n");
-    let e = engine(2);
-    let mut s = spec("smollm2", &cached_model("smollm2-hf"));
-    s.options = Some(serde_json::json!({"speculative_threshold": 0.0}));
-    e.load_model(&s).unwrap();
+    let e = speculating_smollm2();
     let drafts = |e: &EngineInstance| {
-        let m = e.metrics().unwrap()["models"][0].clone();
-        (m["draft_tokens_total"].as_u64().unwrap(), m["draft_accepted_total"].as_u64().unwrap())
+        let (_, drafted, kept) = draft_counters(e);
+        (drafted, kept)
     };
     // Both runs of each case read the prompt from the same cached blocks (see
     // `speculation_keeps_the_output_...`).
@@ -573,16 +587,8 @@ fn speculation_keeps_the_output_and_saves_steps_when_the_answer_copies_the_promp
                    times, it was the age of wisdom, it was the age of foolishness, it was the epoch of belief.";
     let prompt =
         format!("<|im_start|>user\nRepeat this text word for word: {passage}<|im_end|>\n<|im_start|>assistant\n");
-    let e = engine(2);
-    // Draft as deep as allowed whenever the text matches, whatever a token costs on this machine.
-    let mut s = spec("smollm2", &cached_model("smollm2-hf"));
-    s.options = Some(serde_json::json!({"speculative_threshold": 0.0}));
-    e.load_model(&s).unwrap();
-    let stats = |e: &EngineInstance| {
-        let m = e.metrics().unwrap()["models"][0].clone();
-        let n = |k: &str| m[k].as_u64().unwrap();
-        (n("decode_steps_total"), n("draft_tokens_total"), n("draft_accepted_total"))
-    };
+    let e = speculating_smollm2();
+    let stats = draft_counters;
     // The prompt's full blocks in the cache, as both runs of every case will find them.
     let warm = Sampling { max_tokens: Some(1), ..Sampling::greedy() };
     ids(&e, &InferParams::new(399, "smollm2", &prompt, warm));
