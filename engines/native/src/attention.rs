@@ -6,13 +6,15 @@
 //! blocks are always read in place by the integer kernels. An evicted block's positions weigh
 //! nothing, unless it has a key index and a query would weigh it: then it is read back from its
 //! f16 copy for the step (`kv_recall.rs`). The task body is compiled a second time for AVX2 +
-//! FMA, chosen at run time. In a step whose projections run on AMX tiles (prompt chunks, see
-//! `kernels/linear.rs`), a tile that sees no evicted block takes its two products on AMX tiles
-//! too, the keys exact and the values rounded to bf16, int8 and int4 blocks widened from their
-//! codes once a layer for all the tiles of their sequence (`kernels/attention_amx.rs`).
+//! FMA, chosen at run time. In a step whose projections take bf16 products at prompt size
+//! (chunks of 64 rows and more, see `kernels/linear.rs`), a tile that sees no evicted block
+//! takes its two products in bf16 too, on AMX tiles or, where the CPU has none, on AVX-512
+//! BF16 vectors: the keys exact and the values rounded to bf16, int8 and int4 blocks widened
+//! from their codes once a layer for all the tiles of their sequence
+//! (`kernels/attention_tiles.rs`).
 
 use crate::kernels::panel::Out;
-use crate::kernels::{simd, widen_f16};
+use crate::kernels::{simd, widen_f16, Bf16Unit};
 use crate::kv_cache::{BlockId, BlockTable, KvPool, BLOCK_TOKENS};
 use crate::kv_levels::{BlockRows, LayerBlock, RowData};
 use rayon::prelude::*;
@@ -51,12 +53,12 @@ struct TaskScratch {
     /// The scores of a tile with evicted blocks, as weights: what recall reads (`kv_recall.rs`).
     probe: Vec<f32>,
     #[cfg(target_arch = "x86_64")]
-    amx: crate::kernels::attention_amx::Scratch,
+    tiles: crate::kernels::attention_tiles::Scratch,
 }
 
-/// `q`: `tokens x heads x head_dim`; writes `out` of the same shape. `amx_step`: the step's
-/// projections ran on AMX tiles ([`crate::kernels::linear::Linear::on_tiles`]), so its query
-/// tiles may too.
+/// `q`: `tokens x heads x head_dim`; writes `out` of the same shape. `prompt`: where the
+/// step's projections took bf16 products at prompt size, the unit its query tiles take theirs
+/// on ([`crate::kernels::linear::Linear::prompt_products`]); `None`: the f32 kernels.
 pub fn attend(
     pool: &KvPool,
     layer: usize,
@@ -64,7 +66,7 @@ pub fn attend(
     queries: &[QueryPos<'_>],
     q: &[f32],
     out: &mut [f32],
-    amx_step: bool,
+    prompt: Option<Bf16Unit>,
 ) {
     assert!(q.len() == queries.len() * shape.heads * shape.head_dim && out.len() == q.len());
     // Tiles: runs of at most QUERY_TILE consecutive queries on the same block table.
@@ -78,12 +80,12 @@ pub fn attend(
     let out = Out(out.as_mut_ptr());
     let simd = simd();
     #[cfg(target_arch = "x86_64")]
-    let amx = {
-        use crate::kernels::amx_bf16;
-        amx_step && simd && shape.head_dim.is_multiple_of(amx_bf16::STEP) && amx_bf16::available()
+    let unit = {
+        use crate::kernels::amx_bf16::STEP;
+        prompt.filter(|unit| simd && shape.head_dim.is_multiple_of(STEP) && unit.available())
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = amx_step;
+    let _ = prompt;
     // The keys and values of each run of tiles on one block table, made for the tiles'
     // products once per KV head (the calling thread keeps the buffers from layer to layer).
     #[cfg(target_arch = "x86_64")]
@@ -91,10 +93,16 @@ pub fn attend(
     #[cfg(target_arch = "x86_64")]
     let (packed, run_of) = {
         let mut packed = PACKED.take();
-        // SAFETY: `amx` holds where the CPU passes amx_bf16::available() and the head
-        // dimension is a multiple of its STEP.
-        let run_of =
-            if amx { unsafe { pack_runs(pool, layer, shape, queries, &tiles, &mut packed) } } else { Vec::new() };
+        // On vectors, a sequence's tiles take the products only where it has a prompt chunk's
+        // queries in the step (on tiles, the step's projections already did).
+        let min_queries = if unit == Some(Bf16Unit::Vectors) { VECTORS_MIN_QUERIES } else { 1 };
+        // SAFETY: `unit` is some only where the CPU has it (so AVX-512 BF16) and the head
+        // dimension is a multiple of STEP.
+        let run_of = if unit.is_some() {
+            unsafe { pack_runs(pool, layer, shape, queries, &tiles, min_queries, &mut packed) }
+        } else {
+            Vec::new()
+        };
         (packed, run_of)
     };
     // Each thread's buffers, kept from task to task and call to call.
@@ -108,9 +116,12 @@ pub fn attend(
         let mut scratch = SCRATCH.take();
         #[cfg(target_arch = "x86_64")]
         if simd {
-            // SAFETY: simd() found AVX2, FMA and F16C on this CPU, and `amx` AMX too (its
-            // keys packed for every tile above).
-            if !(amx && unsafe { job.run_amx(&packed[run_of[t] * shape.kv_heads + kv], &mut scratch) }) {
+            // SAFETY: simd() found AVX2, FMA and F16C on this CPU, and `unit` its unit too
+            // (its keys packed for every tile above).
+            let run = unit.zip(run_of.get(t).copied().flatten());
+            let on_unit =
+                |(unit, run)| unsafe { job.run_tiles(unit, &packed[run * shape.kv_heads + kv], &mut scratch) };
+            if !run.is_some_and(on_unit) {
                 // SAFETY: as above.
                 unsafe { job.run_avx2(&mut scratch) };
             }
@@ -128,14 +139,21 @@ pub fn attend(
     }
 }
 
+/// The queries one sequence has in a step from which its tiles take bf16 products on vectors
+/// (`Bf16Unit::Vectors`): a prompt chunk's, as many as the projections' prompt size, so that
+/// decoding tokens and drafts keep the f32 kernels' bits whatever else the step holds, as the
+/// projections keep each row's bits on those CPUs.
+#[cfg(target_arch = "x86_64")]
+const VECTORS_MIN_QUERIES: usize = 64;
+
 /// The most packed keys and values `attend` keeps from call to call: a 4,096-position chunk's
 /// (8 MiB for Gemma 3's one KV head of 256 channels, 6 MiB for SmolLM2's three of 64).
 #[cfg(target_arch = "x86_64")]
 const KEEP_PACKED_BYTES: usize = 16 << 20;
 
 /// A sequence's keys and values of one KV head from position `first` (a block's start) on,
-/// made for a step's AMX tiles: the keys packed (`attention_amx::pack_keys`), the values as
-/// bf16 rows. Int8 and int4 blocks are widened from their codes; an evicted block's positions
+/// made for a step's bf16 tile products: the keys packed (`attention_tiles::pack_keys`), the
+/// values as bf16 rows. Int8 and int4 blocks are widened from their codes; an evicted block's positions
 /// are zeros, which no tile reads (a tile that sees one takes the f32 path and its recall).
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
@@ -155,10 +173,12 @@ impl PackedRun {
 /// Makes the keys and values of each run of consecutive tiles on one block table, for each KV
 /// head, into `packed[run * kv_heads + kv]`: from the start of the block of the run's first
 /// visible position to its last query's, every run in one parallel call (a step may hold a
-/// prompt chunk and many decoding sequences), the values in another. Returns each tile's run.
+/// prompt chunk and many decoding sequences), the values in another: the runs of
+/// `min_queries` queries or more. Returns each tile's run (`None`: not packed).
 ///
 /// # Safety
-/// The CPU must pass `amx_bf16::available()`; the head dimension is a multiple of its STEP.
+/// The CPU must pass `avx512_bf16::available()`; the head dimension is a multiple of
+/// `amx_bf16::STEP`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn pack_runs(
     pool: &KvPool,
@@ -166,9 +186,10 @@ unsafe fn pack_runs(
     shape: &AttentionShape<'_>,
     queries: &[QueryPos<'_>],
     tiles: &[(usize, usize)],
+    min_queries: usize,
     packed: &mut Vec<PackedRun>,
-) -> Vec<usize> {
-    use crate::kernels::attention_amx::{self, Key};
+) -> Vec<Option<usize>> {
+    use crate::kernels::attention_tiles::{self, Key};
     use crate::kernels::{amx_bf16::ROWS, avx512_bf16::narrow};
     // A block is one group of the products' keys, so a tile's keys start a group.
     const _: () = assert!(BLOCK_TOKENS == ROWS);
@@ -180,6 +201,19 @@ unsafe fn pack_runs(
         }
         run_of.push(runs.len() - 1);
     }
+    // The runs of `min_queries` queries or more, renumbered; the others' tiles take f32.
+    let mut kept = 0;
+    let renumbered: Vec<Option<usize>> = runs
+        .iter()
+        .map(|&(t0, t1)| {
+            (t1 - t0 >= min_queries).then(|| {
+                kept += 1;
+                kept - 1
+            })
+        })
+        .collect();
+    runs.retain(|&(t0, t1)| t1 - t0 >= min_queries);
+    let run_of = run_of.into_iter().map(|run| renumbered[run]).collect();
     let (hd, kv_heads) = (shape.head_dim, shape.kv_heads);
     // Each run's table and its positions first..end.
     let spans: Vec<(&BlockTable, usize, usize)> = runs
@@ -209,7 +243,7 @@ unsafe fn pack_runs(
         (&mut pack.keys, end - first)
     });
     // SAFETY: the caller's.
-    unsafe { attention_amx::pack_keys(sizes, hd, key) };
+    unsafe { attention_tiles::pack_keys(sizes, hd, key) };
     // The values, a block of a pack a task: f16 rounded to bf16, codes widened first.
     let mut blocks = Vec::new();
     for (i, pack) in packed.iter_mut().enumerate() {
@@ -261,16 +295,21 @@ impl<'b> Tile<'_, 'b> {
         self.run::<true>(scratch)
     }
 
-    /// The tile on AMX tiles, where no block it sees is evicted; `false` (nothing written)
-    /// where one is. `packed`: its sequence's keys and values of its KV head.
+    /// The tile in bf16 products on `unit`, where no block it sees is evicted; `false` (nothing
+    /// written) where one is. `packed`: its sequence's keys and values of its KV head.
     ///
     /// # Safety
-    /// The CPU must pass `amx_bf16::available()` (which implies AVX2, FMA and F16C), and the
-    /// head dimension be a multiple of `amx_bf16::STEP`.
+    /// The CPU must have `unit` (which implies AVX-512 BF16, AVX2, FMA and F16C), and the head
+    /// dimension be a multiple of `amx_bf16::STEP`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn run_amx(&self, packed: &PackedRun, TaskScratch { scores, amx, .. }: &mut TaskScratch) -> bool {
-        use crate::kernels::{amx_bf16::ROWS, attention_amx};
+    unsafe fn run_tiles(
+        &self,
+        unit: Bf16Unit,
+        packed: &PackedRun,
+        TaskScratch { scores, tiles, .. }: &mut TaskScratch,
+    ) -> bool {
+        use crate::kernels::{amx_bf16::ROWS, attention_tiles};
         let shape = self.shape;
         let (hd, group, kv) = (shape.head_dim, shape.heads / shape.kv_heads, self.kv);
         // From the start of the first block the tile sees, where a group of the packed keys
@@ -295,13 +334,13 @@ impl<'b> Tile<'_, 'b> {
         let g0 = (span.first - packed.first) / ROWS;
         let keys = packed.keys.groups(g0..g0 + len.div_ceil(ROWS));
         // SAFETY: the caller checked the CPU and the head dimension.
-        unsafe { attention_amx::scores(amx, rows, query, keys, len, hd, shape.scale, scores) };
+        unsafe { attention_tiles::scores(unit, tiles, rows, query, keys, len, hd, shape.scale, scores) };
         // Each row's weights over the positions its query sees, zero elsewhere.
         for (r, row) in scores.chunks_exact_mut(len).enumerate() {
             let qp = &self.queries[r / group];
             let (a, b) = (qp.first - span.first, qp.pos + 1 - span.first);
-            // SAFETY: AMX CPUs have AVX-512F (the caller checked).
-            unsafe { attention_amx::softmax(&mut row[a..b], shape.sinks.map(|s| s[kv * group + r % group])) };
+            // SAFETY: both units' CPUs have AVX-512F (the caller checked).
+            unsafe { attention_tiles::softmax(&mut row[a..b], shape.sinks.map(|s| s[kv * group + r % group])) };
             row[..a].fill(0.0);
             row[b..].fill(0.0);
         }
@@ -320,7 +359,7 @@ impl<'b> Tile<'_, 'b> {
         };
         // SAFETY: as above; this task alone writes the heads kv*group..(kv+1)*group of its
         // tokens, which lie inside `out` (asserted in attend).
-        unsafe { attention_amx::weighted_sums(amx, rows, scores, values, hd, out) };
+        unsafe { attention_tiles::weighted_sums(unit, tiles, rows, scores, values, hd, out) };
         true
     }
 
@@ -583,7 +622,7 @@ fn dots<const SIMD: bool>(
 ) {
     #[cfg(target_arch = "x86_64")]
     if SIMD && hd.is_multiple_of(8) {
-        // SAFETY: SIMD is true only in `Tile::run_avx2` and `Tile::run_amx`, which run where
+        // SAFETY: SIMD is true only in `Tile::run_avx2` and `Tile::run_tiles`, which run where
         // simd() found AVX2, FMA and F16C.
         return unsafe {
             crate::kernels::attention_avx2::attention_dots(rows, (a, b), hd, q, heads, scale, out, stride, fold)
@@ -715,7 +754,7 @@ mod tests {
                 positions.iter().map(|&(first, pos)| QueryPos { table: &table, pos, first }).collect();
             let q: Vec<f32> = (0..positions.len() * heads * hd).map(|i| ((i * 13) as f32 * 0.11).cos()).collect();
             let mut out = vec![0.0; q.len()];
-            attend(&pool, 0, &shape, &queries, &q, &mut out, false);
+            attend(&pool, 0, &shape, &queries, &q, &mut out, None);
             for (t, &(first, pos)) in positions.iter().enumerate() {
                 for h in 0..heads {
                     let kv = h / (heads / kv_heads);
@@ -731,20 +770,24 @@ mod tests {
         }
     }
 
-    /// A prompt step on AMX tiles: exact keys, values rounded to bf16, within that rounding of
-    /// the f32 kernels' outputs, with the same weight noted per block; int8 and int4 blocks
-    /// read on tiles too, widened, as close to the f32 kernels (which read their codes in
-    /// integer arithmetic); a tile that sees an evicted block takes the f32 kernels and gets
-    /// their bits.
-    #[cfg(target_arch = "x86_64")]
+    /// A prompt step in bf16 products, on each unit the CPU has: exact keys, values rounded to
+    /// bf16, within that rounding of the f32 kernels' outputs, with the same weight noted per
+    /// block; int8 and int4 blocks read in products too, widened, as close to the f32 kernels
+    /// (which read their codes in integer arithmetic); a tile that sees an evicted block takes
+    /// the f32 kernels and gets their bits.
     #[test]
-    fn a_prompt_step_on_amx_tiles_stays_within_the_values_bf16_rounding_of_the_f32_kernels() {
-        use crate::kernels::amx_bf16;
-        use crate::kv_levels::Level;
-        if !(simd() && amx_bf16::available()) {
-            eprintln!("no AMX on this CPU");
-            return;
+    fn a_prompt_step_in_bf16_products_stays_within_the_values_bf16_rounding_of_the_f32_kernels() {
+        let units: Vec<_> = [Bf16Unit::Tiles, Bf16Unit::Vectors].into_iter().filter(|u| u.available()).collect();
+        if !simd() || units.is_empty() {
+            eprintln!("no AVX-512 BF16 on this CPU");
         }
+        for unit in units.into_iter().filter(|_| simd()) {
+            prompt_step_in_bf16_products(unit);
+        }
+    }
+
+    fn prompt_step_in_bf16_products(unit: Bf16Unit) {
+        use crate::kv_levels::Level;
         // Three query heads per KV head (rows of 48 and then 32 + 16 in a product), a prompt
         // of 70 positions over five blocks: five query tiles, the last one short.
         let (kv_heads, heads, hd, len) = (2, 6, 64, 70);
@@ -773,50 +816,50 @@ mod tests {
             let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.125, sinks };
             let queries: Vec<QueryPos<'_>> =
                 (0..len).map(|pos| QueryPos { table: &table, pos, first: (pos + 1).saturating_sub(window) }).collect();
-            let run = |pool: &KvPool, amx: bool| {
+            let run = |pool: &KvPool, prompt: Option<Bf16Unit>| {
                 let mut out = vec![f32::NAN; q.len()];
-                attend(pool, 0, &shape, &queries, &q, &mut out, amx);
+                attend(pool, 0, &shape, &queries, &q, &mut out, prompt);
                 out
             };
             // The weight each block received, from a fresh count.
             let received =
                 |pool: &KvPool| table.blocks.iter().map(|&id| pool.attention_received(id)).collect::<Vec<_>>();
-            let ((f32_pool, t1), (amx_pool, t2)) = (build(), build());
+            let ((f32_pool, t1), (bf16_pool, t2)) = (build(), build());
             assert!(t1.blocks == table.blocks && t2.blocks == table.blocks);
-            let (f32_out, amx_out) = (run(&f32_pool, false), run(&amx_pool, true));
-            assert_ne!(f32_out, amx_out, "the step took the tiles");
-            let worst = f32_out.iter().zip(&amx_out).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let (f32_out, bf16_out) = (run(&f32_pool, None), run(&bf16_pool, Some(unit)));
+            assert_ne!(f32_out, bf16_out, "{unit:?}: the step took the products");
+            let worst = f32_out.iter().zip(&bf16_out).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             // Values rounded to bf16 (a step of 2^-8 at 1) move outputs by up to 3.3e-3; keys
             // rounded to bf16 too moved them by 1.1e-2.
-            assert!(worst < 6e-3, "window {window}: outputs {worst} apart");
-            for (a, b) in received(&f32_pool).iter().zip(received(&amx_pool)) {
+            assert!(worst < 6e-3, "{unit:?}, window {window}: outputs {worst} apart");
+            for (a, b) in received(&f32_pool).iter().zip(received(&bf16_pool)) {
                 let (a, b) = (a.unwrap(), b.unwrap());
-                assert!((a - b).abs() < 1e-3 * a.max(1e-3), "window {window}: weight received {a} vs {b}");
+                assert!((a - b).abs() < 1e-3 * a.max(1e-3), "{unit:?}, window {window}: weight received {a} vs {b}");
             }
         }
-        // Block 2 at int8 and block 3 at int4: the tiles that see them stay on tiles.
+        // Block 2 at int8 and block 3 at int4: the tiles that see them stay in products.
         assert!(pool.set_level(&table, 2, None, Level::Int8));
         assert!(pool.set_level(&table, 3, None, Level::Int4));
         let shape = AttentionShape { heads, kv_heads, head_dim: hd, scale: 0.125, sinks: None };
         let queries: Vec<QueryPos<'_>> = (0..len).map(|pos| QueryPos { table: &table, pos, first: 0 }).collect();
-        let run = |pool: &KvPool, amx: bool| {
+        let run = |pool: &KvPool, prompt: Option<Bf16Unit>| {
             let mut out = vec![f32::NAN; q.len()];
-            attend(pool, 0, &shape, &queries, &q, &mut out, amx);
+            attend(pool, 0, &shape, &queries, &q, &mut out, prompt);
             out
         };
-        let (plain, tiles) = (run(&pool, false), run(&pool, true));
+        let (plain, tiles) = (run(&pool, None), run(&pool, Some(unit)));
         let tile = |t: usize| t * BLOCK_TOKENS * heads * hd..((t + 1) * BLOCK_TOKENS).min(len) * heads * hd;
         for t in 2..5 {
-            assert_ne!(plain[tile(t)], tiles[tile(t)], "tile {t} took the tiles");
+            assert_ne!(plain[tile(t)], tiles[tile(t)], "{unit:?}: tile {t} took the products");
             let worst = plain[tile(t)].iter().zip(&tiles[tile(t)]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             // As above; the integer kernels' own rounding of the queries and weights (up to
             // 1.8e-3 at int4, `a_decoding_token_reading_blocks_in_place_...`) comes on top.
-            assert!(worst < 6e-3, "tile {t}: outputs {worst} apart");
+            assert!(worst < 6e-3, "{unit:?}, tile {t}: outputs {worst} apart");
         }
         // Block 1 evicted: the tiles that see it take the f32 kernels, at their bits; the
-        // first stays on tiles.
+        // first stays in products.
         assert!(pool.set_level(&table, 1, None, Level::Evicted));
-        let (plain, tiles) = (run(&pool, false), run(&pool, true));
+        let (plain, tiles) = (run(&pool, None), run(&pool, Some(unit)));
         assert_eq!(plain[tile(1).start..], tiles[tile(1).start..]);
         assert_ne!(plain[tile(0)], tiles[tile(0)]);
     }
@@ -846,10 +889,10 @@ mod tests {
         let tile =
             [QueryPos { table: &table, pos: len - 2, first: 0 }, QueryPos { table: &table, pos: len - 1, first: 0 }];
         let mut widened = vec![0.0; q.len()];
-        attend(&pool, 0, &shape, &tile, &q, &mut widened, false);
+        attend(&pool, 0, &shape, &tile, &q, &mut widened, None);
         // The second query alone, as a decoding token: every block read in place.
         let mut alone = vec![0.0; heads * hd];
-        attend(&pool, 0, &shape, &tile[1..], &q[heads * hd..], &mut alone, false);
+        attend(&pool, 0, &shape, &tile[1..], &q[heads * hd..], &mut alone, None);
         assert!(alone.iter().any(|&x| x != 0.0));
         assert_eq!(alone, widened[heads * hd..], "the same sums in the same order give the same bits");
         // And both are attention over the values the levels stand for (their codes times their
@@ -916,7 +959,7 @@ mod tests {
         };
         let run = |pool: &KvPool, table: &BlockTable| {
             let mut out = vec![0.0; q.len()];
-            attend(pool, 0, &shape, &[QueryPos { table, pos: len - 1, first: 0 }], &q, &mut out, false);
+            attend(pool, 0, &shape, &[QueryPos { table, pos: len - 1, first: 0 }], &q, &mut out, None);
             out
         };
         let want = |kept: &[usize]| -> Vec<f32> {
@@ -961,7 +1004,7 @@ mod tests {
         let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.7).cos()).collect();
         let run = |pool: &KvPool| {
             let mut out = vec![0.0; q.len()];
-            attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out, false);
+            attend(pool, 0, &shape, &[QueryPos { table: &table, pos: len - 1, first: 0 }], &q, &mut out, None);
             out
         };
         pool.track_attention(true);

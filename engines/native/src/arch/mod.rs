@@ -149,7 +149,7 @@ impl AttentionWeights {
         let queries = queries(batch, tables, window);
         // `attend` writes every output.
         s.attn.resize(n * shape.heads * shape.head_dim, 0.0);
-        attend(pool, layer, shape, &queries, &s.q, &mut s.attn, self.q.on_tiles(n));
+        attend(pool, layer, shape, &queries, &s.q, &mut s.attn, self.q.prompt_products(n));
         self.o.forward(&s.attn, n, &mut s.o);
     }
 }

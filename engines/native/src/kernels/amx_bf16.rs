@@ -10,7 +10,7 @@
 //! so an output does not depend on the inputs it was computed beside; the order differs from
 //! `avx512_bf16.rs` (one chain per output here, 16 lanes there), so the bits do too. Callers
 //! check the CPU ([`available`]) and the row length ([`STEP`]) first. Attention
-//! (`attention_amx.rs`) takes the same products with query or weight rows in the first
+//! (`attention_tiles.rs`) takes the same products with query or weight rows in the first
 //! operand and the cache's keys (packed as inputs) or values ([`Inputs::interleave`]) in the
 //! second.
 //!
@@ -18,7 +18,11 @@
 //! registers are not the compiler's, so they keep their contents between statements. Tiles:
 //! `tmm0`-`tmm3` sums (two weight tiles x two input tiles), `tmm4`-`tmm5` weights,
 //! `tmm6`-`tmm7` inputs, every one 16 rows of 64 bytes.
+//!
+//! The operands' layouts need only AVX-512 BF16 to make, and `avx512_bf16_tiles.rs` takes
+//! the same products on vectors where the CPU has no AMX ([`products_on`]).
 
+use super::Bf16Unit;
 use std::arch::asm;
 use std::sync::OnceLock;
 
@@ -75,7 +79,7 @@ const CONFIG: Config = {
 /// safetensors files sit 8-byte aligned, so both operands are copied into lines first.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
-pub struct Line([u32; ROWS]);
+pub struct Line(pub(super) [u32; ROWS]);
 
 /// The inputs of a call as tiles of the second operand: for 16 inputs and 32 values, 16 rows
 /// of 16 value pairs, row `p` holding pair `p` of every input. Tiles in the order
@@ -91,7 +95,7 @@ impl Inputs {
     /// [`Self::pack_on_pool`] on one thread: the tests' reference for the pool's packings.
     ///
     /// # Safety
-    /// The CPU must pass [`available`].
+    /// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do).
     #[cfg(test)]
     pub unsafe fn pack<T: Bf16Rows>(&mut self, x: &[T], n: usize, k: usize) {
         let group = self.shape(x.len(), n, k);
@@ -108,7 +112,7 @@ impl Inputs {
     /// waiting).
     ///
     /// # Safety
-    /// The CPU must pass [`available`].
+    /// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do).
     pub unsafe fn pack_on_pool<T: Bf16Rows + Sync>(&mut self, x: &[T], n: usize, k: usize) {
         use rayon::prelude::*;
         let group = self.shape(x.len(), n, k);
@@ -156,7 +160,7 @@ impl Inputs {
     /// `2p` and `2p + 1` of the step interleaved. Rows past `k`, to the step's end, are zero.
     ///
     /// # Safety
-    /// The CPU must pass [`available`].
+    /// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do).
     pub unsafe fn interleave(&mut self, x: &[u16], k: usize, n: usize) {
         assert!(n.is_multiple_of(ROWS) && x.len() >= k * n);
         let (groups, steps) = (n / ROWS, k.div_ceil(STEP));
@@ -214,7 +218,7 @@ impl Inputs {
 /// side. A group with no input present is zeros without a transpose.
 ///
 /// # Safety
-/// The CPU must pass [`available`].
+/// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do).
 pub unsafe fn pack_rows_on_pool<'a>(
     inputs: impl IntoIterator<Item = (&'a mut Inputs, usize)>,
     k: usize,
@@ -260,8 +264,13 @@ impl Columns<'_> {
         self.groups
     }
 
+    /// Steps of 32 values in an input.
+    pub(super) fn steps(&self) -> usize {
+        self.steps
+    }
+
     /// The tile of group `g`, step `s`.
-    fn tile(&self, g: usize, s: usize) -> *const Line {
+    pub(super) fn tile(&self, g: usize, s: usize) -> *const Line {
         self.lines[(g * self.steps + s) * ROWS..].as_ptr()
     }
 }
@@ -288,7 +297,7 @@ impl Bf16Rows for f32 {
     #[inline(always)]
     unsafe fn step(p: *const f32) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
-        // SAFETY: the caller's; AMX CPUs have AVX-512 BF16 (available() asks for it).
+        // SAFETY: the caller's; the CPU has AVX-512 BF16.
         unsafe {
             let both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
             std::mem::transmute::<__m512bh, __m512>(both)
@@ -300,8 +309,8 @@ impl Bf16Rows for f32 {
 /// each step's 16 inputs' 16 pairs turned to columns.
 ///
 /// # Safety
-/// The CPU must pass [`available`]; `x` holds `n` rows of `k` values and `tiles` the group's
-/// `k / 2` lines.
+/// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do); `x` holds `n` rows of
+/// `k` values and `tiles` the group's `k / 2` lines.
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn pack_group<T: Bf16Rows>(x: &[T], n: usize, k: usize, g: usize, tiles: &mut [Line]) {
     use std::arch::x86_64::*;
@@ -335,7 +344,7 @@ impl Weights {
     /// The rows `w` (`k` values each, `k` a multiple of [`STEP`], at most 32 rows).
     ///
     /// # Safety
-    /// The CPU must pass [`available`].
+    /// The CPU must pass [`super::avx512_bf16::available`] (AMX CPUs do).
     pub unsafe fn copy(&mut self, w: &[u16], k: usize) {
         assert!(k.is_multiple_of(STEP) && w.len().is_multiple_of(k) && w.len() <= 2 * ROWS * k);
         let (rows, steps) = (w.len() / k, k / STEP);
@@ -368,8 +377,18 @@ impl Weights {
         }
     }
 
+    /// Steps of 32 values in a row.
+    pub(super) fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Tiles of 16 rows (one or two).
+    pub(super) fn tiles(&self) -> usize {
+        self.tiles
+    }
+
     /// Tile `t` of step `s`.
-    fn tile(&self, t: usize, s: usize) -> *const Line {
+    pub(super) fn tile(&self, t: usize, s: usize) -> *const Line {
         self.lines[(t * self.steps + s) * ROWS..].as_ptr()
     }
 }
@@ -430,6 +449,26 @@ fn transpose(r: [std::arch::x86_64::__m512; ROWS]) -> [std::arch::x86_64::__m512
         columns[12 + c] = _mm512_shuffle_f32x4::<0xDD>(high, high2);
     }
     columns
+}
+
+/// [`products`] on `unit`: AMX tiles, or AVX-512 BF16 vectors (`avx512_bf16_tiles.rs`, which
+/// fetches nothing `ahead`).
+///
+/// # Safety
+/// The CPU must have `unit` ([`Bf16Unit::available`]); `weights` and `inputs` hold rows of
+/// the same length.
+pub unsafe fn products_on(
+    unit: Bf16Unit,
+    weights: &Weights,
+    inputs: Columns<'_>,
+    ahead: &[u16],
+    put: impl FnMut(usize, usize, &Sums),
+) {
+    // SAFETY (both): the caller's.
+    match unit {
+        Bf16Unit::Tiles => unsafe { products(weights, inputs, ahead, put) },
+        Bf16Unit::Vectors => unsafe { super::avx512_bf16_tiles::products(weights, inputs, put) },
+    }
 }
 
 /// The products of the weight tiles (one or two) with every input group, handed to

@@ -109,6 +109,20 @@ impl Linear {
         self.amx && n >= GEMM_MIN_ROWS
     }
 
+    /// Where the attention of a step of `n` input rows takes bf16 products, following this
+    /// projection's (`attention.rs`): on AMX tiles where it takes them, on AVX-512 BF16
+    /// vectors where it multiplies in bf16 at prompt size without them; `None` (f32) below
+    /// [`GEMM_MIN_ROWS`], so decoding tokens keep the f32 kernels' bits.
+    pub fn prompt_products(&self, n: usize) -> Option<super::Bf16Unit> {
+        if self.on_tiles(n) {
+            Some(super::Bf16Unit::Tiles)
+        } else if self.bf16_products && n >= GEMM_MIN_ROWS {
+            Some(super::Bf16Unit::Vectors)
+        } else {
+            None
+        }
+    }
+
     /// How the weight is stored.
     pub fn dtype(&self) -> DType {
         self.weight.dtype

@@ -30,21 +30,44 @@ macro_rules! up_to_four {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx_bf16;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod attention_amx;
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_avx2;
 #[cfg(target_arch = "x86_64")]
 mod attention_int4;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod attention_integer;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod attention_tiles;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16_tiles;
 pub mod linear;
 pub mod mxfp4;
 pub mod ops;
 pub(crate) mod panel;
+
+/// What takes a prompt step's bf16 products in attention (`attention.rs`): AMX tiles, or the
+/// same products on AVX-512 BF16 vectors where the CPU has no AMX (`avx512_bf16_tiles.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Unit {
+    Tiles,
+    Vectors,
+}
+
+impl Bf16Unit {
+    /// Whether this CPU has the unit (and lets the process use it).
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return match self {
+            Bf16Unit::Tiles => amx_bf16::available(),
+            Bf16Unit::Vectors => avx512_bf16::available(),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+}
 
 /// Whether the AVX2 + FMA + F16C kernels can run on this CPU (the answer is cached by the
 /// standard library).

@@ -1,14 +1,15 @@
-//! A prompt tile's attention on AMX tiles (`amx_bf16.rs`): the scores of the tile's query rows
-//! (its queries times the query heads of one KV head) against every key they see, and the
-//! weighted sums of the values, each as one tile product with f32 sums. The softmax between
-//! stays f32, on 16 lanes ([`softmax`]).
+//! A prompt tile's attention in bf16 tile products (`amx_bf16.rs`), on AMX tiles or, where the
+//! CPU has none, on AVX-512 BF16 vectors (`avx512_bf16_tiles.rs`; [`Bf16Unit`]): the scores
+//! of the tile's query rows (its queries times the query heads of one KV head) against every
+//! key they see, and the weighted sums of the values, each as one product with f32 sums. The
+//! softmax between stays f32, on 16 lanes ([`softmax`]).
 //!
 //! The keys are exact and the queries kept to 16 bits, each as two bf16 halves ([`scores`]);
 //! the values and the softmax weights are rounded to bf16, as torch's bf16 attention rounds
 //! them. Blocks stored at int8 or int4 come here widened from their codes (keys to 16 bits,
 //! values to bf16), where decoding tokens read them with the integer kernels. Only steps
-//! whose projections already take tiles come here (64 rows and more, see `linear.rs`), so
-//! decoding tokens and drafts keep the f32 kernels' bits. Each sum runs over
+//! whose projections take bf16 products at prompt size come here (64 rows and more, see
+//! `linear.rs`), so decoding tokens and drafts keep the f32 kernels' bits. Each sum runs over
 //! its row in 32-value steps in the same order whatever the tile, so a query's output does not
 //! depend on the queries beside it.
 //!
@@ -19,8 +20,9 @@
 //! Both come out as `[query row][key or channel]`, the layout the softmax and the output
 //! want, with no transpose of the sums.
 
-use super::amx_bf16::{pack_rows_on_pool, products, Columns, Inputs, Weights, ROWS, STEP};
+use super::amx_bf16::{pack_rows_on_pool, products_on, Columns, Inputs, Weights, ROWS, STEP};
 use super::avx512_bf16::{narrow, split, Widen16};
+use super::Bf16Unit;
 use half::f16;
 
 /// Query or weight rows one product takes: the two tiles of the first operand.
@@ -61,7 +63,7 @@ pub enum Key<'k> {
 /// times.
 ///
 /// # Safety
-/// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
+/// The CPU must pass [`super::avx512_bf16::available`]; `hd` is a multiple of [`STEP`].
 pub unsafe fn pack_keys<'a, 'k>(
     keys: impl IntoIterator<Item = (&'a mut Inputs, usize)>,
     hd: usize,
@@ -88,12 +90,13 @@ pub unsafe fn pack_keys<'a, 'k>(
 }
 
 /// `scores[r * len + j] = scale * query(r) . key j` for `rows` query rows of `hd` values and
-/// the first `len` keys of `keys`, packed by [`pack_keys`].
+/// the first `len` keys of `keys`, packed by [`pack_keys`], the products on `unit`.
 ///
 /// # Safety
-/// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`].
+/// The CPU must have `unit` ([`Bf16Unit::available`]); `hd` is a multiple of [`STEP`].
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn scores<'q>(
+    unit: Bf16Unit,
     s: &mut Scratch,
     rows: usize,
     query: impl Fn(usize) -> &'q [f32],
@@ -130,7 +133,7 @@ pub unsafe fn scores<'q>(
                 }
             }
         };
-        unsafe { products(&lhs.tiles, keys, &[], put) };
+        unsafe { products_on(unit, &lhs.tiles, keys, &[], put) };
     }
 }
 
@@ -161,12 +164,14 @@ unsafe fn halves<T: Widen16>(x: &[T], row: &mut [u16], lo: Lo) {
 /// `out(r)[c] = sum over j of weights[r * len + j] * value j [c]` for `rows` weight rows of
 /// `len` and the `len` values of `values`, bf16 rows of `hd` in position order. Values and
 /// weights are rounded to bf16: each output is a mean of values, and rounding them moved
-/// neither model's perplexity (splitting them as the keys are did not help).
+/// neither model's perplexity (splitting them as the keys are did not help). The products on
+/// `unit`.
 ///
 /// # Safety
-/// The CPU must pass [`super::amx_bf16::available`]; `hd` is a multiple of [`STEP`]; `out(r)`
-/// for `r < rows` points to `hd` writable floats.
+/// The CPU must have `unit` ([`Bf16Unit::available`]); `hd` is a multiple of [`STEP`];
+/// `out(r)` for `r < rows` points to `hd` writable floats.
 pub unsafe fn weighted_sums(
+    unit: Bf16Unit,
     s: &mut Scratch,
     rows: usize,
     weights: &[f32],
@@ -196,7 +201,7 @@ pub unsafe fn weighted_sums(
                 unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), out(r0 + tile * ROWS + i).add(g * ROWS), ROWS) };
             }
         };
-        unsafe { products(&lhs.tiles, s.rhs.columns(), &[], put) };
+        unsafe { products_on(unit, &lhs.tiles, s.rhs.columns(), &[], put) };
     }
 }
 
@@ -205,7 +210,7 @@ pub unsafe fn weighted_sums(
 /// bits, took 6% of a prompt). `-inf` scores (positions a query does not see) weigh exactly 0.
 ///
 /// # Safety
-/// The CPU must have AVX-512F (AMX CPUs do).
+/// The CPU must have AVX-512F (both units' CPUs do).
 #[target_feature(enable = "avx512f")]
 pub unsafe fn softmax(x: &mut [f32], sink: Option<f32>) {
     use std::arch::x86_64::*;
@@ -268,7 +273,16 @@ unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::amx_bf16::available;
+    use crate::kernels::avx512_bf16::available;
+
+    /// The units this CPU has.
+    fn units() -> Vec<Bf16Unit> {
+        let units: Vec<_> = [Bf16Unit::Tiles, Bf16Unit::Vectors].into_iter().filter(|u| u.available()).collect();
+        if units.is_empty() {
+            eprintln!("no AVX-512 BF16 on this CPU");
+        }
+        units
+    }
 
     fn rounded(v: f32) -> f64 {
         half::bf16::from_f32(v).to_f64()
@@ -279,7 +293,7 @@ mod tests {
     #[test]
     fn the_tile_softmax_matches_decodes_softmax() {
         if !available() {
-            eprintln!("no AMX on this CPU");
+            eprintln!("no AVX-512 BF16 on this CPU");
             return;
         }
         for n in [1, 7, 15, 16, 17, 33, 100] {
@@ -314,20 +328,22 @@ mod tests {
     /// rounded to bf16, a length that is not a whole step and a row count that is not a whole
     /// tile; a row computed alone, or against the keys from the second group on, has the bits
     /// it has among others; keys packed as absent (a key alone, a whole group) score 0, and
-    /// keys given widened to f32 pack as their f16 rows do.
+    /// keys given widened to f32 pack as their f16 rows do. On each unit the CPU has.
     #[test]
     fn scores_are_exact_to_16_bits_and_weighted_sums_the_products_of_the_rounded_operands() {
-        if !available() {
-            eprintln!("no AMX on this CPU");
-            return;
+        for unit in units() {
+            products_of_the_rounded_operands(unit);
         }
+    }
+
+    fn products_of_the_rounded_operands(unit: Bf16Unit) {
         let (hd, len, rows) = (64, 45, 37);
         let cache = |salt: f32| -> Vec<f16> {
             (0..len * hd).map(|i| f16::from_f32(((i * 7) as f32 * salt).sin() * 2.0)).collect()
         };
         let (keys, values) = (cache(0.013), cache(0.029));
         let mut rounded_values = vec![0u16; len * hd];
-        // SAFETY: available() checked the CPU.
+        // SAFETY: units() checked the CPU.
         unsafe { narrow(&values, &mut rounded_values) };
         let key = |j: usize| &keys[j * hd..][..hd];
         let (mut packed, mut holed, mut widened) = (Inputs::default(), Inputs::default(), Inputs::default());
@@ -341,21 +357,24 @@ mod tests {
             }
             _ => Key::F16(key(j)),
         };
-        // SAFETY: available() checked the CPU; hd is two steps.
+        // SAFETY: units() checked the CPU; hd is two steps.
         unsafe { pack_keys([(&mut packed, len), (&mut holed, len), (&mut widened, len)], hd, pack) };
         let q: Vec<f32> = (0..rows * hd).map(|i| ((i * 3) as f32 * 0.031).cos()).collect();
         let query = |r: usize| &q[r * hd..][..hd];
         let mut s = Scratch::default();
         let mut got = vec![f32::NAN; rows * len];
-        // SAFETY: available() checked the CPU; hd is two steps.
-        unsafe { scores(&mut s, rows, query, packed.columns(), len, hd, 0.5, &mut got) };
+        // SAFETY: units() checked the CPU; hd is two steps.
+        unsafe { scores(unit, &mut s, rows, query, packed.columns(), len, hd, 0.5, &mut got) };
         for r in 0..rows {
             for j in 0..len {
                 // The exact product, within the queries' 16 bits: far inside one bf16 step.
                 let terms = (0..hd).map(|c| q[r * hd + c] as f64 * keys[j * hd + c].to_f64());
                 let (want, size) = terms.fold((0.0, 0.0), |(sum, size), t| (sum + t * 0.5, size + t.abs() * 0.5));
                 let v = got[r * len + j] as f64;
-                assert!((v - want).abs() <= size * 2f64.powi(-15), "score of row {r}, key {j}: {v} vs {want}");
+                assert!(
+                    (v - want).abs() <= size * 2f64.powi(-15),
+                    "{unit:?}: score of row {r}, key {j}: {v} vs {want}"
+                );
             }
         }
         let w: Vec<f32> = (0..rows * len).map(|i| ((i * 5) as f32 * 0.07).sin().abs() / len as f32).collect();
@@ -363,35 +382,35 @@ mod tests {
         let base = out.as_mut_ptr();
         let at = move |r: usize| base.wrapping_add(r * hd);
         // SAFETY: as above; out holds rows x hd.
-        unsafe { weighted_sums(&mut s, rows, &w, &rounded_values, hd, at) };
+        unsafe { weighted_sums(unit, &mut s, rows, &w, &rounded_values, hd, at) };
         for r in 0..rows {
             for c in 0..hd {
                 let want: f64 = (0..len).map(|j| rounded(w[r * len + j]) * rounded(values[j * hd + c].to_f32())).sum();
                 let v = out[r * hd + c] as f64;
-                assert!((v - want).abs() < 1e-5, "output of row {r}, channel {c}: {v} vs {want}");
+                assert!((v - want).abs() < 1e-5, "{unit:?}: output of row {r}, channel {c}: {v} vs {want}");
             }
         }
         // Row 33 alone, against every key and against keys 16.. alone: the same bits.
         let (mut alone, mut later) = (vec![f32::NAN; len], vec![f32::NAN; len - ROWS]);
         // SAFETY: as above.
         unsafe {
-            scores(&mut s, 1, |_| query(33), packed.columns(), len, hd, 0.5, &mut alone);
-            scores(&mut s, 1, |_| query(33), packed.groups(1..3), len - ROWS, hd, 0.5, &mut later);
+            scores(unit, &mut s, 1, |_| query(33), packed.columns(), len, hd, 0.5, &mut alone);
+            scores(unit, &mut s, 1, |_| query(33), packed.groups(1..3), len - ROWS, hd, 0.5, &mut later);
         }
         assert_eq!(alone, got[33 * len..34 * len]);
         assert_eq!(later, got[33 * len + ROWS..34 * len]);
         // SAFETY: as above.
-        unsafe { scores(&mut s, 1, |_| query(33), holed.columns(), len, hd, 0.5, &mut alone) };
+        unsafe { scores(unit, &mut s, 1, |_| query(33), holed.columns(), len, hd, 0.5, &mut alone) };
         for (j, (&v, &want)) in alone.iter().zip(&got[33 * len..34 * len]).enumerate() {
             assert_eq!(v, if absent(j) { 0.0 } else { want }, "key {j}");
         }
         // SAFETY: as above.
-        unsafe { scores(&mut s, 1, |_| query(33), widened.columns(), len, hd, 0.5, &mut alone) };
+        unsafe { scores(unit, &mut s, 1, |_| query(33), widened.columns(), len, hd, 0.5, &mut alone) };
         assert_eq!(alone, got[33 * len..34 * len], "keys widened to f32 pack as their f16 rows");
         let mut one = vec![f32::NAN; hd];
         let base = one.as_mut_ptr();
         // SAFETY: as above.
-        unsafe { weighted_sums(&mut s, 1, &w[33 * len..34 * len], &rounded_values, hd, move |_| base) };
+        unsafe { weighted_sums(unit, &mut s, 1, &w[33 * len..34 * len], &rounded_values, hd, move |_| base) };
         assert_eq!(one, out[33 * hd..34 * hd]);
     }
 }
