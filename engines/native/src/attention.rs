@@ -153,8 +153,8 @@ const KEEP_PACKED_BYTES: usize = 16 << 20;
 
 /// A sequence's keys and values of one KV head from position `first` (a block's start) on,
 /// made for a step's bf16 tile products: the keys packed (`attention_tiles::pack_keys`), the
-/// values as bf16 rows. Int8 and int4 blocks are widened from their codes; an evicted block's positions
-/// are zeros, which no tile reads (a tile that sees one takes the f32 path and its recall).
+/// values as bf16 rows. Int8 and int4 blocks are widened from their codes; an evicted block's
+/// positions are zeros, which no tile reads (a tile that sees one takes the f32 path and its recall).
 #[cfg(target_arch = "x86_64")]
 #[derive(Default)]
 struct PackedRun {
